@@ -1,0 +1,64 @@
+// Package txlock provides distributed mutual exclusion through PostgreSQL
+// transaction-scoped advisory locks, over database/sql.
+//
+// # The lock
+//
+// WithLock begins a transaction, takes the lock with
+// pg_try_advisory_xact_lock, and runs fn in that same transaction. The lock
+// is released when the transaction commits or rolls back, and no sooner, so
+// every write fn makes in the transaction is visible to the next holder:
+//
+//	err := txlock.WithLock(ctx, db, txlock.StringKey("orders:42"), func(ctx context.Context, tx *sql.Tx) error {
+//		_, err := tx.ExecContext(ctx, `UPDATE stock SET qty = qty - 1 WHERE sku = $1`, sku)
+//		return err
+//	})
+//	if errors.Is(err, txlock.ErrLockTimeout) {
+//		// another holder kept it past the deadline
+//	}
+//
+// A busy lock is not waited for inside the server. The attempt's transaction
+// rolls back at once, returning its connection to the pool, and WithLock
+// sleeps (exponential backoff with full jitter by default; see RetryStrategy)
+// before the next attempt. Waiters therefore hold no connection between
+// attempts, which is what lets many of them wait behind a small PgBouncer
+// pool in transaction mode. The wait ends at the earlier of the context's
+// deadline and WithTimeout (DefaultTimeout).
+//
+// TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
+// TryWithLocks take several keys all or nothing. WithShared takes reader
+// locks. LockTx and TryLockTx lock inside a transaction the caller already
+// has. Package sqlxlock offers the same with *sqlx.Tx.
+//
+// # Keys
+//
+// A Key is one advisory lock: a bigint (Int64Key, StringKey) or a pair of
+// int4s (PairKey, Keyspace.Key, Keyspace.ID), which PostgreSQL keeps in two
+// separate spaces. String keys are hashed with SHA-256, which SQL can
+// reproduce; the doc of StringKey and NewKeyspace gives the expressions.
+// KeyFromPgLocks decodes a pg_locks row back into a Key.
+//
+// # Standbys
+//
+// Every attempt also asks pg_is_in_recovery(). A lock granted on a hot
+// standby would exclude nothing on the primary, so WithLock refuses with
+// ErrStandby and does not run fn.
+//
+// # PgBouncer and pgx
+//
+// The package's own statements take no parameters, so pgx sends them with
+// the simple protocol whatever its default_query_exec_mode: no prepared
+// statement is created. Settings are made with set_config(…, true), which
+// lasts only until the transaction ends; never with a plain SET, which
+// PgBouncer in transaction mode would leak to other clients. Statements in
+// fn are the application's: behind PgBouncer 1.18 (no prepared statement
+// support) use default_query_exec_mode exec, simple_protocol or
+// cache_describe.
+//
+// # Errors
+//
+// ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
+// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrInvalidArgument and
+// ErrInvalidKey are matched with errors.Is. Errors from fn are returned as
+// they are, and SQLState reads a PostgreSQL error code from any of them
+// without importing a driver.
+package txlock

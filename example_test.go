@@ -1,0 +1,139 @@
+package txlock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/txlock/txlock"
+)
+
+func ExampleStringKey() {
+	k := txlock.StringKey("orders:42")
+	n, _ := k.Int64()
+	fmt.Println(n)
+	fmt.Println(k)
+	// Output:
+	// -8476019149258318077
+	// "orders:42" bigint(-8476019149258318077)
+}
+
+func ExampleNewKeyspace() {
+	inventory := txlock.NewKeyspace("inventory")
+	fmt.Println(inventory.Namespace())
+	fmt.Println(inventory.Key("sku:1001"))
+	fmt.Println(inventory.ID(1001))
+	// Output:
+	// -1323661902
+	// "inventory/sku:1001" pair(-1323661902,-797322307)
+	// "inventory/#1001" pair(-1323661902,1001)
+}
+
+func ExampleKeyFromPgLocks() {
+	// A row of: SELECT classid, objid, objsubid FROM pg_locks WHERE locktype = 'advisory'
+	k, err := txlock.KeyFromPgLocks(19088743, 2309737967, 1)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(k)
+	k, err = txlock.KeyFromPgLocks(4294967294, 4294967293, 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(k)
+	// Output:
+	// bigint(81985529216486895)
+	// pair(-2,-3)
+}
+
+func ExampleStringKey_invalid() {
+	err := txlock.StringKey("").Err()
+	fmt.Println(errors.Is(err, txlock.ErrInvalidKey))
+	fmt.Println(err)
+	// Output:
+	// true
+	// txlock: invalid key: key name is empty
+}
+
+// This example needs a database, so it is compiled but not run.
+func ExampleWithLock() {
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+
+	key := txlock.NewKeyspace("inventory").Key("sku:1001")
+	err = txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+		var qty int
+		if err := tx.QueryRowContext(ctx, `SELECT qty FROM stock WHERE sku = $1`, "sku:1001").Scan(&qty); err != nil {
+			return err
+		}
+		if qty == 0 {
+			return errors.New("out of stock")
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE stock SET qty = $1 WHERE sku = $2`, qty-1, "sku:1001")
+		return err
+	}, txlock.WithTimeout(2*time.Second))
+
+	var te *txlock.LockTimeoutError
+	switch {
+	case errors.As(err, &te):
+		log.Printf("busy: gave up after %d attempts in %v", te.Attempts, te.Waited)
+	case err != nil:
+		log.Fatal(err)
+	}
+}
+
+// A singleton job: each instance tries once, and skips the run if another
+// instance has it. This example needs a database, so it is compiled but not run.
+func ExampleTryWithLock() {
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	ran, err := txlock.TryWithLock(context.Background(), db, txlock.StringKey("cron:nightly-report"),
+		func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `INSERT INTO reports (day) VALUES (current_date) ON CONFLICT DO NOTHING`)
+			return err
+		})
+	switch {
+	case err != nil:
+		log.Fatal(err)
+	case !ran:
+		log.Print("another instance is running the report")
+	}
+}
+
+// This example needs a database, so it is compiled but not run.
+func ExampleLockTx() {
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	// A repository method that runs inside the caller's transaction.
+	if err := txlock.LockTx(ctx, tx, txlock.StringKey("account:7"), txlock.WithTimeout(time.Second)); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE accounts SET balance = balance - 10 WHERE id = 7`); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+}

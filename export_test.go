@@ -1,0 +1,7 @@
+package txlock
+
+// PgLocksOf exposes Key.pgLocks to the external tests.
+func PgLocksOf(k Key) (classid, objid uint32, objsubid int) { return k.pgLocks() }
+
+// LockStatement exposes lockStatement to the external tests.
+var LockStatement = lockStatement

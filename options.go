@@ -1,0 +1,183 @@
+package txlock
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// DefaultTimeout bounds how long WithLock and LockTx wait for a lock when no
+// WithTimeout option is given. The context's deadline applies too: the earlier
+// of the two wins.
+const DefaultTimeout = 5 * time.Second
+
+// DefaultSerializationRetries is how many times WithLock re-runs fn after a
+// serialization failure (SQLSTATE 40001) or deadlock (40P01) when the
+// transaction isolation is RepeatableRead or Serializable. See
+// WithSerializationRetries.
+const DefaultSerializationRetries = 3
+
+// Option configures one call of WithLock, WithLocks, TryWithLock,
+// TryWithLocks, LockTx or TryLockTx. Options are validated before the
+// database is touched; an invalid one makes the call return an error matching
+// ErrInvalidArgument.
+type Option func(*config)
+
+type config struct {
+	timeout       time.Duration
+	retry         RetryStrategy
+	shared        bool
+	txOpts        *sql.TxOptions
+	maxHold       time.Duration
+	failOpen      bool
+	logger        *slog.Logger
+	serialRetries int
+	serialSet     bool
+	onlyOwnTx     []string // options that make no sense inside a caller's tx
+	errs          []error
+}
+
+func (c *config) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...))
+}
+
+// WithTimeout bounds the wait for the lock. d must be positive. Without it,
+// DefaultTimeout applies. The context's deadline, if earlier, wins.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithTimeout needs a positive duration, got %v", d)
+		}
+		c.timeout = d
+	}
+}
+
+// WithRetry sets the strategy that spaces out lock attempts. Without it,
+// the zero ExponentialBackoff is used.
+func WithRetry(s RetryStrategy) Option {
+	return func(c *config) {
+		if s == nil {
+			c.fail("WithRetry needs a strategy, got nil")
+			return
+		}
+		if v, ok := s.(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				c.errs = append(c.errs, fmt.Errorf("%w: %w", ErrInvalidArgument, err))
+			}
+		}
+		c.retry = s
+	}
+}
+
+// WithShared takes shared (reader) locks, with
+// pg_try_advisory_xact_lock_shared: holders of a shared lock exclude
+// exclusive holders but not each other.
+func WithShared() Option {
+	return func(c *config) { c.shared = true }
+}
+
+// WithTxOptions sets the isolation level and read-only flag of the lock's
+// transaction. It applies only to the functions that begin the transaction.
+//
+// Under RepeatableRead and Serializable the transaction snapshot is taken by
+// its first statement, the lock statement, an instant before the lock is
+// granted: a previous holder that commits in that instant is invisible to fn.
+// PostgreSQL then fails fn's updates of rows that holder changed with
+// SQLSTATE 40001, and WithLock re-runs fn (see WithSerializationRetries).
+// Reads alone are not checked; prefer the default ReadCommitted, where every
+// statement of fn sees all that committed before the lock was granted.
+func WithTxOptions(opts *sql.TxOptions) Option {
+	return func(c *config) {
+		c.txOpts = opts
+		c.onlyOwnTx = append(c.onlyOwnTx, "WithTxOptions")
+	}
+}
+
+// WithMaxHold caps how long the lock may be held, from the moment it is
+// granted.
+//
+// Client side, the context passed to fn gets that deadline, and the
+// transaction is rolled back when it passes (database/sql rolls back a
+// transaction whose context ends); the call then returns an error matching
+// ErrHoldTimeout. Server side, the lock statement sets
+// idle_in_transaction_session_timeout for the transaction (SET LOCAL
+// semantics), so a holder process that freezes between statements loses its
+// session, and with it the lock, after d; that bound does not cover a single
+// statement that runs longer than d. d must be positive; it is rounded up to
+// whole milliseconds on the server.
+//
+// In LockTx and TryLockTx only the server-side part applies, to the caller's
+// transaction.
+func WithMaxHold(d time.Duration) Option {
+	return func(c *config) {
+		if d <= 0 {
+			c.fail("WithMaxHold needs a positive duration, got %v", d)
+		}
+		c.maxHold = d
+	}
+}
+
+// WithFailOpen makes WithLock and WithLocks run fn without the lock when the
+// lock cannot be had before the timeout set by WithTimeout (or
+// DefaultTimeout) passes. It is never the default: use it only where running
+// unguarded is better than not running at all.
+//
+// When it happens, a warning is logged to logger (slog.Default() if nil), and
+// Held(ctx) is false inside fn. It does not apply when the caller's context
+// ends, when the server is a standby, or on any other error.
+func WithFailOpen(logger *slog.Logger) Option {
+	return func(c *config) {
+		c.failOpen = true
+		c.logger = logger
+		c.onlyOwnTx = append(c.onlyOwnTx, "WithFailOpen")
+	}
+}
+
+// WithSerializationRetries sets how many times WithLock re-runs fn, in a new
+// transaction that takes the lock again, when fn or the commit fails with
+// SQLSTATE 40001 (serialization_failure) or 40P01 (deadlock_detected). fn
+// must then be safe to run more than once: keep side effects outside the
+// database out of it, or pass 0.
+//
+// The default is DefaultSerializationRetries for RepeatableRead and
+// Serializable transactions (see WithTxOptions for why), and 0 otherwise. n
+// must not be negative.
+func WithSerializationRetries(n int) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.fail("WithSerializationRetries needs n >= 0, got %d", n)
+		}
+		c.serialRetries = n
+		c.serialSet = true
+		c.onlyOwnTx = append(c.onlyOwnTx, "WithSerializationRetries")
+	}
+}
+
+// newConfig applies opts. inTx is true for LockTx and TryLockTx.
+func newConfig(opts []Option, inTx bool) (*config, error) {
+	c := &config{timeout: DefaultTimeout, retry: ExponentialBackoff{}}
+	for _, o := range opts {
+		if o == nil {
+			c.fail("nil Option")
+			continue
+		}
+		o(c)
+	}
+	if inTx {
+		for _, name := range c.onlyOwnTx {
+			c.fail("%s does not apply inside a caller's transaction (LockTx, TryLockTx)", name)
+		}
+	}
+	if err := errors.Join(c.errs...); err != nil {
+		return nil, err
+	}
+	if !c.serialSet && c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
+		c.serialRetries = DefaultSerializationRetries
+	}
+	if c.logger == nil {
+		c.logger = slog.Default()
+	}
+	return c, nil
+}

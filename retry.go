@@ -1,0 +1,160 @@
+package txlock
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// RetryStrategy decides how long to sleep before the next lock attempt.
+//
+// Backoff receives the number of attempts made so far (1 after the first
+// failed attempt) and returns the sleep before the next one. A negative
+// duration means "stop trying". Implementations must be stateless, so that
+// one value can be shared by any number of goroutines and calls; every
+// strategy in this package is.
+//
+// A strategy that also has a Validate() error method is validated before the
+// first attempt, and a non-nil error is returned without touching the database.
+type RetryStrategy interface {
+	Backoff(attempt int) time.Duration
+}
+
+// Defaults of ExponentialBackoff fields left zero.
+const (
+	DefaultBackoffMin = 1 * time.Millisecond
+	DefaultBackoffMax = 64 * time.Millisecond
+)
+
+// ExponentialBackoff sleeps for a random duration, uniformly distributed
+// between Min and Min·2^(attempt-1) capped at Max ("full jitter" above a
+// floor). Jitter matters here: when a lock is released, every waiter that
+// slept the same fixed time would wake together.
+//
+// A zero field takes its default: DefaultBackoffMin and DefaultBackoffMax.
+// The zero ExponentialBackoff is the strategy WithLock uses by default.
+type ExponentialBackoff struct {
+	Min time.Duration
+	Max time.Duration
+}
+
+func (e ExponentialBackoff) bounds() (lo, hi time.Duration) {
+	lo, hi = e.Min, e.Max
+	if lo == 0 {
+		lo = DefaultBackoffMin
+	}
+	if hi == 0 {
+		hi = max(DefaultBackoffMax, lo)
+	}
+	return lo, hi
+}
+
+// Backoff implements RetryStrategy.
+func (e ExponentialBackoff) Backoff(attempt int) time.Duration {
+	lo, hi := e.bounds()
+	ceil := hi
+	// lo<<(attempt-1), computed without overflow.
+	if shift := attempt - 1; shift < 62 && lo <= hi>>max(shift, 0) {
+		ceil = lo << max(shift, 0)
+	}
+	return lo + jitter(ceil-lo)
+}
+
+// Validate reports nonsensical bounds.
+func (e ExponentialBackoff) Validate() error {
+	if e.Min < 0 || e.Max < 0 {
+		return fmt.Errorf("txlock: ExponentialBackoff bounds must not be negative (Min %v, Max %v)", e.Min, e.Max)
+	}
+	if lo, hi := e.bounds(); lo > hi {
+		return fmt.Errorf("txlock: ExponentialBackoff Min %v is greater than Max %v", lo, hi)
+	}
+	return nil
+}
+
+// ConstantBackoff sleeps Interval plus a random duration in [0, Jitter].
+// Interval must be positive.
+type ConstantBackoff struct {
+	Interval time.Duration
+	Jitter   time.Duration
+}
+
+// Backoff implements RetryStrategy.
+func (c ConstantBackoff) Backoff(int) time.Duration {
+	return c.Interval + jitter(c.Jitter)
+}
+
+// Validate reports a non-positive Interval or a negative Jitter.
+func (c ConstantBackoff) Validate() error {
+	if c.Interval <= 0 {
+		return fmt.Errorf("txlock: ConstantBackoff Interval must be positive, got %v", c.Interval)
+	}
+	if c.Jitter < 0 {
+		return fmt.Errorf("txlock: ConstantBackoff Jitter must not be negative, got %v", c.Jitter)
+	}
+	return nil
+}
+
+// LinearBackoff sleeps attempt·Step, capped at Max, plus a random duration
+// in [0, Jitter]. Step and Max must be positive and Step must not exceed Max.
+type LinearBackoff struct {
+	Step   time.Duration
+	Max    time.Duration
+	Jitter time.Duration
+}
+
+// Backoff implements RetryStrategy.
+func (l LinearBackoff) Backoff(attempt int) time.Duration {
+	d := l.Max
+	if attempt >= 1 && l.Step > 0 && time.Duration(attempt) <= l.Max/l.Step {
+		d = time.Duration(attempt) * l.Step
+	}
+	return d + jitter(l.Jitter)
+}
+
+// Validate reports nonsensical fields.
+func (l LinearBackoff) Validate() error {
+	switch {
+	case l.Step <= 0:
+		return fmt.Errorf("txlock: LinearBackoff Step must be positive, got %v", l.Step)
+	case l.Max <= 0:
+		return fmt.Errorf("txlock: LinearBackoff Max must be positive, got %v", l.Max)
+	case l.Step > l.Max:
+		return fmt.Errorf("txlock: LinearBackoff Step %v is greater than Max %v", l.Step, l.Max)
+	case l.Jitter < 0:
+		return fmt.Errorf("txlock: LinearBackoff Jitter must not be negative, got %v", l.Jitter)
+	}
+	return nil
+}
+
+// NoRetry makes exactly one attempt. With WithLock, a busy lock then ends in
+// ErrLockTimeout at once; TryWithLock reports it as not acquired.
+var NoRetry RetryStrategy = noRetry{}
+
+type noRetry struct{}
+
+func (noRetry) Backoff(int) time.Duration { return -1 }
+
+// jitter returns a uniformly random duration in [0, d]; 0 when d <= 0.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return rand.N(d + 1)
+}
+
+// sleep waits for d or until ctx is done, whichever is first, and reports
+// whether the full duration elapsed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

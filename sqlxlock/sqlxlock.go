@@ -1,0 +1,111 @@
+// Package sqlxlock is txlock for sqlx: fn receives a *sqlx.Tx. Locking,
+// waiting, errors and options are exactly those of package txlock; only the
+// transaction type differs. It lives in its own package so that programs that
+// do not use sqlx never compile it.
+package sqlxlock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"reflect"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/txlock/txlock"
+)
+
+// Beginner is what WithLock needs of a database: *sqlx.DB and *sqlx.Conn
+// satisfy it.
+type Beginner interface {
+	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
+}
+
+var (
+	_ Beginner = (*sqlx.DB)(nil)
+	_ Beginner = (*sqlx.Conn)(nil)
+)
+
+// WithLock is txlock.WithLock with a *sqlx.Tx.
+func WithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
+	a, f, err := adapt(db, fn)
+	if err != nil {
+		return err
+	}
+	return txlock.WithLock(ctx, a, key, f, opts...)
+}
+
+// WithLocks is txlock.WithLocks with a *sqlx.Tx.
+func WithLocks(ctx context.Context, db Beginner, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
+	a, f, err := adapt(db, fn)
+	if err != nil {
+		return err
+	}
+	return txlock.WithLocks(ctx, a, keys, f, opts...)
+}
+
+// TryWithLock is txlock.TryWithLock with a *sqlx.Tx.
+func TryWithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+	a, f, err := adapt(db, fn)
+	if err != nil {
+		return false, err
+	}
+	return txlock.TryWithLock(ctx, a, key, f, opts...)
+}
+
+// TryWithLocks is txlock.TryWithLocks with a *sqlx.Tx.
+func TryWithLocks(ctx context.Context, db Beginner, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+	a, f, err := adapt(db, fn)
+	if err != nil {
+		return false, err
+	}
+	return txlock.TryWithLocks(ctx, a, keys, f, opts...)
+}
+
+// LockTx is txlock.LockTx on a caller's *sqlx.Tx.
+func LockTx(ctx context.Context, tx *sqlx.Tx, key txlock.Key, opts ...txlock.Option) error {
+	if tx == nil {
+		return fmt.Errorf("%w: tx is nil", txlock.ErrInvalidArgument)
+	}
+	return txlock.LockTx(ctx, tx.Tx, key, opts...)
+}
+
+// TryLockTx is txlock.TryLockTx on a caller's *sqlx.Tx.
+func TryLockTx(ctx context.Context, tx *sqlx.Tx, key txlock.Key, opts ...txlock.Option) (acquired bool, err error) {
+	if tx == nil {
+		return false, fmt.Errorf("%w: tx is nil", txlock.ErrInvalidArgument)
+	}
+	return txlock.TryLockTx(ctx, tx.Tx, key, opts...)
+}
+
+// adapter lets txlock begin sqlx transactions. txlock makes one attempt at a
+// time within a call, so the transaction it hands to fn is the last one begun.
+type adapter struct {
+	db   Beginner
+	last *sqlx.Tx
+}
+
+func (a *adapter) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	tx, err := a.db.BeginTxx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	a.last = tx
+	return tx.Tx, nil
+}
+
+func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (*adapter, func(context.Context, *sql.Tx) error, error) {
+	if db == nil || (reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil()) {
+		return nil, nil, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
+	}
+	if fn == nil {
+		return nil, nil, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
+	}
+	a := &adapter{db: db}
+	return a, func(ctx context.Context, tx *sql.Tx) error {
+		if a.last == nil || a.last.Tx != tx {
+			return fmt.Errorf("txlock/sqlxlock: internal error: transaction mismatch")
+		}
+		return fn(ctx, a.last)
+	}, nil
+}

@@ -1,0 +1,137 @@
+package sqlxlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/sqlxlock"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func open(t *testing.T, url string) *sqlx.DB {
+	t.Helper()
+	db, err := sqlx.Open("pgx", url)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond)
+		var n int
+		assert.NoError(t, db.Get(&n, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`))
+		assert.Zero(t, n, "advisory locks left")
+		assert.NoError(t, db.Close())
+	})
+	return db
+}
+
+type counter struct {
+	ID int `db:"id"`
+	N  int `db:"n"`
+}
+
+func TestSqlxMutualExclusion(t *testing.T) {
+	for _, via := range []string{"direct", "pgbouncer"} {
+		t.Run(via, func(t *testing.T) {
+			admin := open(t, pgtest.Postgres(t))
+			url := pgtest.Postgres(t)
+			if via == "pgbouncer" {
+				url, _ = pgtest.PgBouncer(t)
+				url += "&default_query_exec_mode=exec"
+			}
+			db := open(t, url)
+			table := fmt.Sprintf("sqlx_counter_%d", time.Now().UnixNano())
+			admin.MustExec(`CREATE TABLE ` + table + ` (id int PRIMARY KEY, n int NOT NULL); INSERT INTO ` + table + ` VALUES (1, 0)`)
+			t.Cleanup(func() { admin.MustExec(`DROP TABLE ` + table) })
+			key := txlock.NewKeyspace("sqlx-test").Key(t.Name())
+
+			var wg sync.WaitGroup
+			for range 6 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 5 {
+						err := sqlxlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sqlx.Tx) error {
+							var c counter
+							if err := tx.GetContext(ctx, &c, tx.Rebind(`SELECT id, n FROM `+table+` WHERE id = ?`), 1); err != nil {
+								return err
+							}
+							time.Sleep(time.Millisecond)
+							c.N++
+							_, err := tx.NamedExecContext(ctx, `UPDATE `+table+` SET n = :n WHERE id = :id`, c)
+							return err
+						}, txlock.WithTimeout(30*time.Second))
+						assert.NoError(t, err)
+					}
+				}()
+			}
+			wg.Wait()
+			var n int
+			require.NoError(t, admin.Get(&n, `SELECT n FROM `+table+` WHERE id = 1`))
+			assert.Equal(t, 30, n)
+		})
+	}
+}
+
+func TestSqlxTryAndLockTx(t *testing.T) {
+	db := open(t, pgtest.Postgres(t))
+	key := txlock.StringKey(t.Name())
+	holder, err := db.BeginTxx(context.Background(), nil)
+	require.NoError(t, err)
+	ok, err := sqlxlock.TryLockTx(context.Background(), holder, key)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	called := false
+	ok, err = sqlxlock.TryWithLock(context.Background(), db, key, func(context.Context, *sqlx.Tx) error { called = true; return nil })
+	require.NoError(t, err)
+	assert.False(t, ok)
+	assert.False(t, called)
+
+	ok, err = sqlxlock.TryWithLocks(context.Background(), db, []txlock.Key{txlock.StringKey("other"), key}, func(context.Context, *sqlx.Tx) error { return nil })
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	err = sqlxlock.WithLock(context.Background(), db, key, func(context.Context, *sqlx.Tx) error { return nil }, txlock.WithTimeout(100*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+
+	time.AfterFunc(100*time.Millisecond, func() { _ = holder.Rollback() })
+	sentinel := errors.New("from fn")
+	err = sqlxlock.WithLocks(context.Background(), db, []txlock.Key{key}, func(ctx context.Context, tx *sqlx.Tx) error {
+		assert.True(t, txlock.Held(ctx))
+		return sentinel
+	})
+	assert.ErrorIs(t, err, sentinel)
+
+	tx, err := db.BeginTxx(context.Background(), nil)
+	require.NoError(t, err)
+	require.NoError(t, sqlxlock.LockTx(context.Background(), tx, key))
+	require.NoError(t, tx.Rollback())
+}
+
+func TestSqlxBadInput(t *testing.T) {
+	var nilDB *sqlx.DB
+	err := sqlxlock.WithLock(context.Background(), nilDB, txlock.StringKey("k"), func(context.Context, *sqlx.Tx) error { return nil })
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	err = sqlxlock.WithLock(context.Background(), nil, txlock.StringKey("k"), func(context.Context, *sqlx.Tx) error { return nil })
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	db, err := sqlx.Open("pgx", "postgres://x@127.0.0.1:1/x")
+	require.NoError(t, err)
+	defer db.Close()
+	err = sqlxlock.WithLock(context.Background(), db, txlock.StringKey("k"), nil)
+	assert.ErrorContains(t, err, "fn is nil")
+	err = sqlxlock.LockTx(context.Background(), nil, txlock.StringKey("k"))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	_, err = sqlxlock.TryLockTx(context.Background(), nil, txlock.StringKey("k"))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}

@@ -1,0 +1,801 @@
+package txlock_test
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+// ledger is a deliberately racy read-sleep-write workload: each run reads a
+// counter, sleeps, writes it back plus one, and records when it entered and
+// left. Without mutual exclusion it loses updates and its runs overlap.
+type ledger struct {
+	table string
+}
+
+func newLedger(t *testing.T, db *sql.DB) *ledger {
+	t.Helper()
+	l := &ledger{table: fmt.Sprintf("ledger_%d", time.Now().UnixNano())}
+	_, err := db.Exec(`CREATE TABLE ` + l.table + `_counter (n int NOT NULL);
+		INSERT INTO ` + l.table + `_counter VALUES (0);
+		CREATE TABLE ` + l.table + `_runs (id serial PRIMARY KEY, enter timestamptz NOT NULL, exit timestamptz)`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.Exec(`DROP TABLE ` + l.table + `_counter, ` + l.table + `_runs`)
+		assert.NoError(t, err)
+	})
+	return l
+}
+
+func (l *ledger) step(ctx context.Context, tx *sql.Tx) error {
+	var id, n int
+	if err := tx.QueryRowContext(ctx, `INSERT INTO `+l.table+`_runs (enter) VALUES (clock_timestamp()) RETURNING id`).Scan(&id); err != nil {
+		return err
+	}
+	if err := tx.QueryRowContext(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Millisecond)
+	if _, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1); err != nil {
+		return err
+	}
+	_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE id = $1`, id)
+	return err
+}
+
+// check returns the counter and the number of overlapping pairs of runs.
+func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
+	t.Helper()
+	require.NoError(t, db.QueryRow(`SELECT n FROM `+l.table+`_counter`).Scan(&n))
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+l.table+`_runs a JOIN `+l.table+`_runs b
+		ON a.id < b.id AND a.enter < b.exit AND b.enter < a.exit`).Scan(&overlaps))
+	return n, overlaps
+}
+
+// hammer runs workers×iters steps of l, each through run, and returns the
+// errors seen.
+func hammer(workers, iters int, run func() error) []error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range iters {
+				if err := run(); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestMutualExclusion(t *testing.T) {
+	const workers, iters = 8, 8
+	for _, tc := range []struct {
+		name string
+		db   func(t testing.TB) *sql.DB
+	}{
+		{"direct", direct},
+		{"pgbouncer/exec", func(t testing.TB) *sql.DB { db, _ := bouncer(t, "exec"); return db }},
+		{"pgbouncer/simple_protocol", func(t testing.TB) *sql.DB { db, _ := bouncer(t, "simple_protocol"); return db }},
+		{"pgbouncer/cache_describe", func(t testing.TB) *sql.DB { db, _ := bouncer(t, "cache_describe"); return db }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := direct(t)
+			db := tc.db(t)
+			l := newLedger(t, admin)
+			key := txlock.StringKey(uniq(t))
+			errs := hammer(workers, iters, func() error {
+				return txlock.WithLock(context.Background(), db, key, l.step, txlock.WithTimeout(30*time.Second))
+			})
+			require.Empty(t, errs)
+			n, overlaps := l.check(t, admin)
+			assert.Equal(t, workers*iters, n, "lost updates")
+			assert.Zero(t, overlaps, "critical sections overlapped")
+		})
+	}
+}
+
+// The same workload without the lock does lose updates: the check above
+// can fail.
+func TestMutualExclusionControl(t *testing.T) {
+	db := direct(t)
+	l := newLedger(t, db)
+	errs := hammer(8, 8, func() error {
+		tx, err := db.Begin()
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if err := l.step(context.Background(), tx); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	require.Empty(t, errs)
+	n, overlaps := l.check(t, db)
+	assert.Less(t, n, 64, "unlocked workload lost no update")
+	assert.NotZero(t, overlaps)
+}
+
+// pgx's default exec mode, cache_statement, prepares named statements, which
+// collide behind PgBouncer in transaction mode. The library's own statements
+// take no parameters and go by the simple protocol, so they work in that
+// mode too.
+func TestPgBouncerCacheStatementMode(t *testing.T) {
+	db, _ := bouncer(t, "cache_statement")
+	admin := direct(t)
+	l := newLedger(t, admin)
+	key := txlock.StringKey(uniq(t))
+	errs := hammer(8, 10, func() error {
+		return txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = n + 1`)
+			return err
+		}, txlock.WithTimeout(30*time.Second))
+	})
+	require.Empty(t, errs)
+	n, _ := l.check(t, admin)
+	assert.Equal(t, 80, n)
+}
+
+func TestLockTimeout(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, key, false)
+
+	called := false
+	start := time.Now()
+	err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+		called = true
+		return nil
+	}, txlock.WithTimeout(300*time.Millisecond))
+	require.Error(t, err)
+	assert.False(t, called)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the timeout option, not the context, ran out")
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, []txlock.Key{key}, te.Keys)
+	assert.Greater(t, te.Attempts, 2)
+	assert.GreaterOrEqual(t, te.Waited, 300*time.Millisecond)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	assert.Contains(t, err.Error(), key.String())
+
+	// A context deadline earlier than the timeout wins, and shows.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil })
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	// NoRetry gives up after one attempt.
+	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil }, txlock.WithRetry(txlock.NoRetry))
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, 1, te.Attempts)
+}
+
+func TestCancelWhileWaiting(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, key, false)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	// A long sleep between attempts: the cancel must interrupt it.
+	err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Minute}), txlock.WithTimeout(time.Hour))
+	elapsed := time.Since(start)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Less(t, elapsed, time.Second)
+
+	// Already cancelled: nothing is attempted.
+	err = txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil })
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Zero(t, te.Attempts)
+	assert.ErrorIs(t, err, context.Canceled)
+	_, err = txlock.TryWithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil })
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+func TestTryWithLock(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+	calls := 0
+	fn := func(context.Context, *sql.Tx) error { calls++; return nil }
+
+	ok, err := txlock.TryWithLock(context.Background(), db, key, fn)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	assert.Zero(t, calls)
+
+	release()
+	ok, err = txlock.TryWithLock(context.Background(), db, key, fn)
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, 1, calls)
+
+	sentinel := errors.New("job failed")
+	ok, err = txlock.TryWithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return sentinel })
+	assert.True(t, ok)
+	assert.ErrorIs(t, err, sentinel)
+}
+
+func TestSharedAndExclusive(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	nop := func(context.Context, *sql.Tx) error { return nil }
+	try := func(opts ...txlock.Option) bool {
+		ok, err := txlock.TryWithLock(context.Background(), db, key, nop, opts...)
+		require.NoError(t, err)
+		return ok
+	}
+
+	release := hold(t, db, key, true)
+	assert.True(t, try(txlock.WithShared()), "shared holders coexist")
+	assert.False(t, try(), "a shared holder excludes an exclusive one")
+	release()
+
+	release = hold(t, db, key, false)
+	assert.False(t, try(txlock.WithShared()), "an exclusive holder excludes a shared one")
+	release()
+
+	// Inside fn, the lock is shared: another shared holder gets in.
+	err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+		lease, ok := txlock.LeaseFromContext(ctx)
+		require.True(t, ok)
+		assert.True(t, lease.Shared)
+		var other bool
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock_shared("+lockArgs(key)+")").Scan(&other))
+		assert.True(t, other)
+		require.NoError(t, db.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock("+lockArgs(key)+")").Scan(&other))
+		assert.False(t, other)
+		return nil
+	}, txlock.WithShared())
+	require.NoError(t, err)
+}
+
+func TestMultiKeyAllOrNothing(t *testing.T) {
+	db := direct(t)
+	k1, k2, k3 := txlock.StringKey(uniq(t)), txlock.Int64Key(time.Now().UnixNano()), txlock.PairKey(7, int32(time.Now().UnixNano()))
+	nop := func(context.Context, *sql.Tx) error { return nil }
+
+	release := hold(t, db, k2, false)
+	ok, err := txlock.TryWithLocks(context.Background(), db, []txlock.Key{k1, k2, k3}, nop)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	// The partial grant did not stay held.
+	assert.Zero(t, heldBy(t, db, k1))
+	assert.Zero(t, heldBy(t, db, k3))
+
+	// WithLocks waits for the whole set, then holds all of it.
+	time.AfterFunc(200*time.Millisecond, release)
+	start := time.Now()
+	err = txlock.WithLocks(context.Background(), db, []txlock.Key{k3, k1, k2, k1}, func(ctx context.Context, tx *sql.Tx) error {
+		lease, _ := txlock.LeaseFromContext(ctx)
+		assert.Len(t, lease.Keys, 3, "duplicates removed")
+		assert.Greater(t, lease.Attempts, 1)
+		for _, k := range []txlock.Key{k1, k2, k3} {
+			assert.Equal(t, 1, heldBy(t, db, k), "key %v", k)
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+
+	_, err = txlock.TryWithLocks(context.Background(), db, nil, nop)
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
+
+func TestFnPaths(t *testing.T) {
+	db := direct(t)
+	_, err := db.Exec(`CREATE TABLE IF NOT EXISTS fnpaths (v text PRIMARY KEY DEFERRABLE INITIALLY DEFERRED)`)
+	require.NoError(t, err)
+	key := txlock.StringKey(uniq(t))
+	count := func(v string) int {
+		var n int
+		require.NoError(t, db.QueryRow(`SELECT count(*) FROM fnpaths WHERE v = $1`, v).Scan(&n))
+		return n
+	}
+	insert := func(ctx context.Context, tx *sql.Tx, v string) {
+		_, err := tx.ExecContext(ctx, `INSERT INTO fnpaths VALUES ($1)`, v)
+		require.NoError(t, err)
+	}
+
+	t.Run("nil commits", func(t *testing.T) {
+		v := uniq(t)
+		require.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			insert(ctx, tx, v)
+			return nil
+		}))
+		assert.Equal(t, 1, count(v))
+	})
+
+	t.Run("error rolls back and is returned as is", func(t *testing.T) {
+		v := uniq(t)
+		var pathErr = &myError{"boom"}
+		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			insert(ctx, tx, v)
+			return fmt.Errorf("wrapped: %w", pathErr)
+		})
+		var got *myError
+		require.ErrorAs(t, err, &got)
+		assert.Same(t, pathErr, got)
+		assert.Equal(t, "wrapped: boom", err.Error())
+		assert.Zero(t, count(v))
+	})
+
+	t.Run("panic rolls back and re-panics", func(t *testing.T) {
+		v := uniq(t)
+		var recovered any
+		func() {
+			defer func() { recovered = recover() }()
+			_ = txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+				insert(ctx, tx, v)
+				panic("fn exploded")
+			})
+		}()
+		assert.Equal(t, "fn exploded", recovered)
+		assert.Zero(t, count(v))
+		assert.Zero(t, heldBy(t, db, key))
+	})
+
+	t.Run("panic(nil)", func(t *testing.T) {
+		var recovered any
+		func() {
+			defer func() { recovered = recover() }()
+			_ = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+				panic(nil)
+			})
+		}()
+		var pne *runtime.PanicNilError
+		assert.ErrorAs(t, recovered.(error), &pne)
+		assert.Zero(t, heldBy(t, db, key))
+	})
+
+	t.Run("fn commits itself", func(t *testing.T) {
+		v := uniq(t)
+		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			insert(ctx, tx, v)
+			return tx.Commit()
+		})
+		assert.ErrorIs(t, err, txlock.ErrTxDone)
+		assert.Equal(t, 1, count(v), "fn's own commit stands; no second commit was attempted")
+	})
+
+	t.Run("fn rolls back itself", func(t *testing.T) {
+		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			return tx.Rollback()
+		})
+		assert.ErrorIs(t, err, txlock.ErrTxDone)
+	})
+
+	t.Run("commit fails", func(t *testing.T) {
+		v := uniq(t)
+		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			insert(ctx, tx, v)
+			insert(ctx, tx, v) // deferred unique check: fails at commit
+			return nil
+		})
+		require.Error(t, err)
+		assert.Equal(t, "23505", txlock.SQLState(err))
+		assert.Contains(t, err.Error(), "commit")
+		assert.Zero(t, count(v))
+	})
+}
+
+type myError struct{ msg string }
+
+func (e *myError) Error() string { return e.msg }
+
+func TestMaxHold(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+
+	// The server-side bound is applied to the lock's transaction only.
+	err = txlock.WithLock(context.Background(), conn, key, func(ctx context.Context, tx *sql.Tx) error {
+		var setting string
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&setting))
+		assert.Equal(t, "1501ms", setting)
+		deadline, ok := ctx.Deadline()
+		assert.True(t, ok, "fn's context carries the hold bound")
+		assert.WithinDuration(t, time.Now().Add(1501*time.Millisecond), deadline, 500*time.Millisecond)
+		return nil
+	}, txlock.WithMaxHold(1500*time.Millisecond+time.Microsecond))
+	require.NoError(t, err)
+	var after string
+	require.NoError(t, conn.QueryRowContext(context.Background(), `SELECT current_setting('idle_in_transaction_session_timeout')`).Scan(&after))
+	assert.Equal(t, "0", after, "the setting must not outlive the transaction")
+
+	// Client side: fn that outlives the bound is rolled back.
+	_, err = db.Exec(`CREATE TABLE IF NOT EXISTS maxhold (v text)`)
+	require.NoError(t, err)
+	v := uniq(t)
+	err = txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO maxhold VALUES ($1)`, v)
+		require.NoError(t, err)
+		time.Sleep(300 * time.Millisecond)
+		return nil
+	}, txlock.WithMaxHold(100*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM maxhold WHERE v = $1`, v).Scan(&n))
+	assert.Zero(t, n)
+
+	// Server side: a holder idle in its transaction past the bound loses its
+	// session, and with it the lock, even if the client never acts.
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	ok, err := txlock.TryLockTx(context.Background(), tx, key, txlock.WithMaxHold(200*time.Millisecond))
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Eventually(t, func() bool { return heldBy(t, db, key) == 0 }, 3*time.Second, 20*time.Millisecond)
+	assert.Error(t, tx.Commit(), "the server ended the session")
+}
+
+func TestWaitersHoldNoServerConnection(t *testing.T) {
+	db, adminURL := bouncer(t, "exec")
+	admin, err := sql.Open("pgx", adminURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	directDB := direct(t)
+	key := txlock.StringKey(uniq(t))
+
+	// The holder occupies one server connection through PgBouncer.
+	holderTx, err := db.Begin()
+	require.NoError(t, err)
+	_, err = holderTx.Exec("SELECT pg_advisory_xact_lock(" + lockArgs(key) + ")")
+	require.NoError(t, err)
+
+	const waiters = 20 // the pool has 5 server connections
+	var wg sync.WaitGroup
+	var granted atomic.Int32
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error {
+				granted.Add(1)
+				return nil
+			}, txlock.WithTimeout(20*time.Second))
+			assert.NoError(t, err)
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	var waitingSamples, maxActive int
+	for range 10 {
+		p := showPools(t, admin)
+		maxActive = max(maxActive, p["sv_active"])
+		if p["cl_waiting"] > 0 {
+			waitingSamples++
+		}
+		// Meanwhile, an unrelated client gets a server connection at once.
+		qctx, qcancel := context.WithTimeout(context.Background(), time.Second)
+		var one int
+		require.NoError(t, db.QueryRowContext(qctx, "SELECT 1").Scan(&one))
+		qcancel()
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("20 waiters: max sv_active %d, samples with waiting clients %d/10", maxActive, waitingSamples)
+	assert.LessOrEqual(t, waitingSamples, 3, "clients queued for a server connection: waiters pin connections")
+	assert.Zero(t, granted.Load())
+	assert.Zero(t, countWaitingOnAdvisory(t, directDB), "no backend blocks on the lock")
+
+	require.NoError(t, holderTx.Rollback())
+	wg.Wait()
+	assert.Equal(t, int32(waiters), granted.Load())
+}
+
+// The control for the test above: blocking waiters pin one server connection
+// each, so the pool runs dry and clients queue. SHOW POOLS sees it.
+func TestBlockingWaitersDoPinConnections(t *testing.T) {
+	db, adminURL := bouncer(t, "exec")
+	admin, err := sql.Open("pgx", adminURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tx, err := db.Begin()
+			if !assert.NoError(t, err) {
+				return
+			}
+			_, err = tx.Exec("SELECT pg_advisory_xact_lock(" + lockArgs(key) + ")")
+			assert.NoError(t, err)
+			assert.NoError(t, tx.Rollback())
+		}()
+	}
+	require.Eventually(t, func() bool {
+		p := showPools(t, admin)
+		return p["sv_active"] == 5 && p["cl_waiting"] >= 4
+	}, 5*time.Second, 20*time.Millisecond, "blocking waiters should exhaust the 5-connection pool")
+	release()
+	wg.Wait()
+}
+
+// showPools sums SHOW POOLS columns over the pools of database postgres.
+func showPools(t *testing.T, admin *sql.DB) map[string]int {
+	t.Helper()
+	rows, err := admin.Query("SHOW POOLS")
+	require.NoError(t, err)
+	defer rows.Close()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	sums := map[string]int{}
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		require.NoError(t, rows.Scan(ptrs...))
+		if vals[0].String != "postgres" {
+			continue
+		}
+		for i, c := range cols {
+			var n int
+			if _, err := fmt.Sscan(vals[i].String, &n); err == nil {
+				sums[c] += n
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	return sums
+}
+
+func countWaitingOnAdvisory(t *testing.T, db *sql.DB) int {
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
+	return n
+}
+
+func TestStandbyRefused(t *testing.T) {
+	db := open(t, pgtest.Standby(t))
+	var inRecovery bool
+	require.NoError(t, db.QueryRow(`SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+	require.True(t, inRecovery)
+	key := txlock.StringKey(uniq(t))
+	called := false
+	err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+		called = true
+		return nil
+	}, txlock.WithTxOptions(&sql.TxOptions{ReadOnly: true}))
+	assert.ErrorIs(t, err, txlock.ErrStandby)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.False(t, called)
+	assert.Contains(t, err.Error(), key.String())
+
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = txlock.TryLockTx(context.Background(), tx, key)
+	assert.ErrorIs(t, err, txlock.ErrStandby)
+}
+
+// Under REPEATABLE READ the snapshot is taken by the lock statement, an
+// instant before the grant. A racy read-modify-write must still lose nothing:
+// PostgreSQL reports the stale snapshot as 40001, and WithLock re-runs fn.
+func TestRepeatableReadLosesNoUpdate(t *testing.T) {
+	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		t.Run(level.String(), func(t *testing.T) {
+			db := direct(t)
+			l := newLedger(t, db)
+			key := txlock.StringKey(uniq(t))
+			var runs atomic.Int32
+			errs := hammer(8, 8, func() error {
+				return txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+					runs.Add(1)
+					var n int
+					if err := tx.QueryRowContext(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
+						return err
+					}
+					_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1)
+					return err
+				}, txlock.WithTxOptions(&sql.TxOptions{Isolation: level}), txlock.WithTimeout(30*time.Second),
+					txlock.WithSerializationRetries(100))
+			})
+			require.Empty(t, errs)
+			n, _ := l.check(t, db)
+			assert.Equal(t, 64, n)
+			t.Logf("%d runs of fn for 64 increments", runs.Load())
+		})
+	}
+}
+
+func TestReadOnlyTx(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+		assert.Equal(t, 1, heldBy(t, db, key))
+		_, err := tx.ExecContext(ctx, `CREATE TEMP TABLE ro (x int)`)
+		return err
+	}, txlock.WithTxOptions(&sql.TxOptions{ReadOnly: true}))
+	assert.Equal(t, "25006", txlock.SQLState(err), "read-only transaction: %v", err)
+}
+
+func TestLockTx(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	ok, err := txlock.TryLockTx(context.Background(), tx, key)
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	err = txlock.LockTx(context.Background(), tx, key, txlock.WithTimeout(150*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+
+	time.AfterFunc(150*time.Millisecond, release)
+	require.NoError(t, txlock.LockTx(context.Background(), tx, key, txlock.WithTimeout(10*time.Second)))
+	assert.Equal(t, 1, heldBy(t, db, key))
+	require.NoError(t, tx.Commit())
+	assert.Zero(t, heldBy(t, db, key))
+
+	// Options that belong to a transaction WithLock begins are refused.
+	_, err = txlock.TryLockTx(context.Background(), tx, key, txlock.WithTxOptions(nil), txlock.WithFailOpen(nil))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "WithTxOptions does not apply")
+	assert.ErrorContains(t, err, "WithFailOpen does not apply")
+	_, err = txlock.TryLockTx(context.Background(), nil, key)
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
+
+func TestFailOpen(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, key, false)
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+
+	var held, ran bool
+	err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+		ran, held = true, txlock.Held(ctx)
+		return nil
+	}, txlock.WithTimeout(100*time.Millisecond), txlock.WithFailOpen(logger))
+	require.NoError(t, err)
+	assert.True(t, ran)
+	assert.False(t, held, "fn must be able to see that it runs unguarded")
+	assert.Contains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "fail-open")
+	assert.Contains(t, logs.String(), key.String()[:10])
+
+	// Without the option: the timeout error, and fn does not run.
+	ran = false
+	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { ran = true; return nil },
+		txlock.WithTimeout(100*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.False(t, ran)
+
+	// The caller's context ending is not a reason to run unguarded.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err = txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { ran = true; return nil },
+		txlock.WithFailOpen(logger))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, ran)
+
+	// Held is true under a real lock.
+	other := txlock.StringKey(uniq(t))
+	require.NoError(t, txlock.WithLock(context.Background(), db, other, func(ctx context.Context, _ *sql.Tx) error {
+		held = txlock.Held(ctx)
+		return nil
+	}, txlock.WithFailOpen(logger)))
+	assert.True(t, held)
+	assert.False(t, txlock.Held(context.Background()))
+}
+
+func TestSQLConnAsBeginner(t *testing.T) {
+	db := direct(t)
+	conn, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	defer conn.Close()
+	key := txlock.StringKey(uniq(t))
+	for range 3 {
+		require.NoError(t, txlock.WithLock(context.Background(), conn, key, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "SELECT 1")
+			return err
+		}))
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	// A pool on a port nobody listens on: nothing may reach it.
+	db, err := sql.Open("pgx", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	defer db.Close()
+	ctx := context.Background()
+	key := txlock.StringKey("ok")
+	nop := func(context.Context, *sql.Tx) error { return nil }
+	var nilDB *sql.DB
+	for _, tc := range []struct {
+		name string
+		err  error
+		is   error
+		msg  string
+	}{
+		{"nil db", txlock.WithLock(ctx, nil, key, nop), txlock.ErrInvalidArgument, "db is nil"},
+		{"typed nil db", txlock.WithLock(ctx, nilDB, key, nop), txlock.ErrInvalidArgument, "db is nil"},
+		{"nil fn", txlock.WithLock(ctx, db, key, nil), txlock.ErrInvalidArgument, "fn is nil"},
+		{"zero key", txlock.WithLock(ctx, db, txlock.Key{}, nop), txlock.ErrInvalidKey, "zero Key"},
+		{"empty name", txlock.WithLock(ctx, db, txlock.StringKey(""), nop), txlock.ErrInvalidKey, "empty"},
+		{"bad utf-8", txlock.WithLock(ctx, db, txlock.StringKey("\xc3\x28"), nop), txlock.ErrInvalidKey, "UTF-8"},
+		{"empty keyspace", txlock.WithLock(ctx, db, txlock.NewKeyspace("").Key("a"), nop), txlock.ErrInvalidKey, "keyspace name is empty"},
+		{"one bad key of many", txlock.WithLocks(ctx, db, []txlock.Key{key, txlock.StringKey("a\x00")}, nop), txlock.ErrInvalidKey, "NUL"},
+		{"zero timeout", txlock.WithLock(ctx, db, key, nop, txlock.WithTimeout(0)), txlock.ErrInvalidArgument, "WithTimeout needs a positive duration, got 0s"},
+		{"negative hold", txlock.WithLock(ctx, db, key, nop, txlock.WithMaxHold(-time.Second)), txlock.ErrInvalidArgument, "WithMaxHold"},
+		{"nil strategy", txlock.WithLock(ctx, db, key, nop, txlock.WithRetry(nil)), txlock.ErrInvalidArgument, "WithRetry"},
+		{"min > max", txlock.WithLock(ctx, db, key, nop, txlock.WithRetry(txlock.ExponentialBackoff{Min: time.Second, Max: time.Millisecond})), txlock.ErrInvalidArgument, "Min 1s is greater than Max 1ms"},
+		{"negative retries", txlock.WithLock(ctx, db, key, nop, txlock.WithSerializationRetries(-1)), txlock.ErrInvalidArgument, "WithSerializationRetries"},
+		{"nil option", txlock.WithLock(ctx, db, key, nop, nil), txlock.ErrInvalidArgument, "nil Option"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.ErrorIs(t, tc.err, tc.is)
+			assert.ErrorContains(t, tc.err, tc.msg)
+		})
+	}
+	assert.Zero(t, db.Stats().OpenConnections, "bad input must not reach the database")
+
+	// Unreachable server: a clear connection error, not a lock timeout.
+	err = txlock.WithLock(ctx, db, key, nop)
+	require.Error(t, err)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.Contains(t, err.Error(), "txlock: begin")
+	assert.Zero(t, db.Stats().InUse)
+}
+
+func TestLockStatementShape(t *testing.T) {
+	stmt := txlock.LockStatement([]txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.PairKey(-1, 2)}, true, 1500*time.Millisecond)
+	assert.Equal(t, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2 WHEN "+
+		"pg_try_advisory_xact_lock_shared('-9223372036854775808'::int8) AND pg_try_advisory_xact_lock_shared('-1'::int4,'2'::int4)"+
+		" AND set_config('idle_in_transaction_session_timeout', '1500', true) IS NOT NULL THEN 1 ELSE 0 END)", stmt)
+	assert.NotContains(t, strings.ToUpper(stmt), "SET ", "never a plain SET")
+}
+
+func TestExtremeKeysLock(t *testing.T) {
+	db := direct(t)
+	for _, k := range []txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.Int64Key(9223372036854775807),
+		txlock.PairKey(-2147483648, 2147483647)} {
+		require.NoError(t, txlock.WithLock(context.Background(), db, k, func(ctx context.Context, tx *sql.Tx) error {
+			assert.Equal(t, 1, heldBy(t, db, k), "%v", k)
+			return nil
+		}))
+	}
+}
