@@ -83,6 +83,10 @@ type Lease struct {
 	Held     bool          // false only when WithFailOpen ran fn without the lock
 	Attempts int           // lock statements run before the grant
 	Waited   time.Duration // time from the call to the grant
+
+	db    Beginner // where the lock was taken: fencing tokens are drawn there
+	tx    *sql.Tx  // the lock's transaction
+	token int64    // the fencing token, once drawn
 }
 
 type leaseKey struct{}
@@ -239,6 +243,7 @@ func run(ctx context.Context, db Beginner, keys []Key, fn func(context.Context, 
 			}
 			return false, err
 		}
+		lease.db, lease.tx = db, h.tx
 		err = h.run(fn, lease)
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
