@@ -54,11 +54,21 @@
 // support) use default_query_exec_mode exec, simple_protocol or
 // cache_describe.
 //
+// # Fencing
+//
+// Writes that leave the lock's transaction (another database, another
+// connection) can outlive the lock: a holder that stalls can lose its
+// session, and with it the lock, then wake up and write. Inside fn,
+// FenceToken returns a token that only goes up, drawn durably; FencedTable
+// writes a row only if the row's token is not larger than the writer's, and
+// reports a refused write as ErrStaleToken.
+//
 // # Errors
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
-// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrInvalidArgument and
-// ErrInvalidKey are matched with errors.Is. Errors from fn are returned as
+// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrInvalidArgument,
+// ErrInvalidKey, ErrNoToken, ErrStaleToken (a *StaleTokenError) and
+// ErrRowNotFound are matched with errors.Is. Errors from fn are returned as
 // they are, and SQLState reads a PostgreSQL error code from any of them
 // without importing a driver.
 package txlock

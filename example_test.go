@@ -137,3 +137,65 @@ func ExampleLockTx() {
 		log.Fatal(err)
 	}
 }
+
+// Fencing: a holder that lost its lock is refused by the resource. This
+// example runs against the test database.
+func ExampleFencedTable_Update() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS example_stock (sku text PRIMARY KEY, qty int NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		TRUNCATE example_stock; INSERT INTO example_stock (sku, qty) VALUES ('SKU-1001', 50)`); err != nil {
+		log.Fatal(err)
+	}
+	stock := txlock.FencedTable{Name: "example_stock"}
+	sku := []txlock.Col{{Name: "sku", Value: "SKU-1001"}}
+
+	// Holder B, with token 2, writes.
+	n, err := stock.Update(ctx, db, 2, []txlock.Col{{Name: "qty", Value: 42}}, sku)
+	fmt.Println(n, err)
+
+	// Holder A, paused while it held token 1, wakes up and tries.
+	_, err = stock.Update(ctx, db, 1, []txlock.Col{{Name: "qty", Value: 49}}, sku)
+	fmt.Println(errors.Is(err, txlock.ErrStaleToken))
+	var stale *txlock.StaleTokenError
+	if errors.As(err, &stale) {
+		fmt.Println("row holds token", stale.Current)
+	}
+	_, err = stock.Update(ctx, db, 3, []txlock.Col{{Name: "qty", Value: 1}}, []txlock.Col{{Name: "sku", Value: "SKU-404"}})
+	fmt.Println(errors.Is(err, txlock.ErrRowNotFound))
+	// Output:
+	// 1 <nil>
+	// true
+	// row holds token 2
+	// true
+}
+
+// A fencing token inside fn. This example runs against the test database.
+func ExampleFenceToken() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	if err := (txlock.Fencer{}).CreateSequence(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	key := txlock.StringKey("example:fence")
+	var first, second int64
+	for _, token := range []*int64{&first, &second} {
+		err := txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+			var err error
+			*token, err = txlock.FenceToken(ctx)
+			return err
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	fmt.Println(second > first)
+
+	_, err := txlock.FenceToken(ctx) // not inside fn: no lock, no token
+	fmt.Println(errors.Is(err, txlock.ErrNoToken))
+	// Output:
+	// true
+	// true
+}

@@ -5,3 +5,6 @@ func PgLocksOf(k Key) (classid, objid uint32, objsubid int) { return k.pgLocks()
 
 // LockStatement exposes lockStatement to the external tests.
 var LockStatement = lockStatement
+
+// QuoteIdent exposes quoteIdent to the external tests.
+var QuoteIdent = quoteIdent

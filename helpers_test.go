@@ -17,7 +17,13 @@ import (
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	// The test binary re-executes itself as a lock holder in some tests.
+	if os.Getenv(fenceChildEnv) != "" {
+		os.Exit(fenceChild())
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // open opens url and registers checks that run when the test ends: the pool
 // has no connection in use, and the server holds no advisory lock.
@@ -117,4 +123,23 @@ func heldBy(t testing.TB, db *sql.DB, k txlock.Key) int {
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
 		int64(classid), int64(objid), objsubid).Scan(&n))
 	return n
+}
+
+// exampleTB lets runnable examples get the shared test server, which the
+// pgtest helpers hand out to a testing.TB. Every failure panics, which fails
+// the example.
+type exampleTB struct{ testing.TB }
+
+func (exampleTB) Helper()                           {}
+func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
+func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (exampleTB) Skipf(format string, args ...any)  { panic(fmt.Sprintf(format, args...)) }
+
+// exampleDB opens the shared test PostgreSQL for a runnable example.
+func exampleDB() *sql.DB {
+	db, err := sql.Open("pgx", pgtest.Postgres(exampleTB{}))
+	if err != nil {
+		panic(err)
+	}
+	return db
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -83,29 +84,41 @@ type Lease struct {
 	Held     bool          // false only when WithFailOpen ran fn without the lock
 	Attempts int           // lock statements run before the grant
 	Waited   time.Duration // time from the call to the grant
-
-	db    Beginner // where the lock was taken: fencing tokens are drawn there
-	tx    *sql.Tx  // the lock's transaction
-	token int64    // the fencing token, once drawn
 }
 
-type leaseKey struct{}
+// lockState is what fn's context carries: the Lease, and what fencing
+// tokens need.
+type lockState struct {
+	lease Lease
+	db    Beginner // where the lock was taken: tokens are drawn there
+	tx    *sql.Tx  // the lock's transaction
+
+	mu     sync.Mutex
+	tokens map[string]int64 // drawn fencing tokens, by sequence
+}
+
+type lockStateKey struct{}
+
+func stateFrom(ctx context.Context) (*lockState, bool) {
+	st, ok := ctx.Value(lockStateKey{}).(*lockState)
+	return st, ok
+}
 
 // LeaseFromContext returns the Lease of the WithLock call whose fn received
 // ctx (or a context derived from it).
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(*Lease)
+	st, ok := stateFrom(ctx)
 	if !ok {
 		return Lease{}, false
 	}
-	return *l, true
+	return st.lease, true
 }
 
 // Held reports whether ctx belongs to a fn that holds its lock. It is false
 // outside fn, and inside fn when WithFailOpen ran it without the lock.
 func Held(ctx context.Context) bool {
-	l, ok := ctx.Value(leaseKey{}).(*Lease)
-	return ok && l.Held
+	st, ok := stateFrom(ctx)
+	return ok && st.lease.Held
 }
 
 // WithLock takes the exclusive transaction-scoped advisory lock key, then runs
@@ -243,8 +256,7 @@ func run(ctx context.Context, db Beginner, keys []Key, fn func(context.Context, 
 			}
 			return false, err
 		}
-		lease.db, lease.tx = db, h.tx
-		err = h.run(fn, lease)
+		err = h.run(fn, &lockState{lease: *lease, db: db, tx: h.tx})
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
 				return true, err
@@ -360,7 +372,7 @@ func (c *config) attempt(ctx, waitCtx context.Context, db Beginner, stmt string)
 }
 
 // run runs fn in the holder's transaction and commits or rolls back.
-func (h *holder) run(fn func(context.Context, *sql.Tx) error, lease *Lease) error {
+func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) error {
 	defer h.release()
 	done := false
 	defer func() {
@@ -368,7 +380,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, lease *Lease) erro
 			_ = h.tx.Rollback()
 		}
 	}()
-	fnErr := fn(context.WithValue(h.fnCtx, leaseKey{}, lease), h.tx)
+	fnErr := fn(context.WithValue(h.fnCtx, lockStateKey{}, st), h.tx)
 	done = true
 	if fnErr != nil {
 		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
@@ -415,7 +427,7 @@ func (c *config) runUnlocked(ctx context.Context, db Beginner, fn func(context.C
 		return fmt.Errorf("txlock: begin: %w", err)
 	}
 	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, release: func() { txCancel(nil) }}
-	return h.run(fn, lease)
+	return h.run(fn, &lockState{lease: *lease, db: db, tx: tx})
 }
 
 // tryLock runs the lock statement and decodes its outcome.

@@ -94,7 +94,21 @@ func (a *adapter) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, er
 	return tx.Tx, nil
 }
 
-func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (*adapter, func(context.Context, *sql.Tx) error, error) {
+// poolAdapter is the adapter of a *sqlx.DB. It also exposes the pool's
+// QueryRowContext and Stats, which txlock.FenceToken uses to draw tokens on a
+// connection of their own.
+type poolAdapter struct {
+	*adapter
+	pool *sqlx.DB
+}
+
+func (p poolAdapter) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return p.pool.QueryRowContext(ctx, query, args...)
+}
+
+func (p poolAdapter) Stats() sql.DBStats { return p.pool.Stats() }
+
+func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (txlock.Beginner, func(context.Context, *sql.Tx) error, error) {
 	if db == nil || (reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil()) {
 		return nil, nil, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
 	}
@@ -102,10 +116,14 @@ func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (*adapter, fun
 		return nil, nil, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
 	}
 	a := &adapter{db: db}
-	return a, func(ctx context.Context, tx *sql.Tx) error {
+	f := func(ctx context.Context, tx *sql.Tx) error {
 		if a.last == nil || a.last.Tx != tx {
 			return fmt.Errorf("txlock/sqlxlock: internal error: transaction mismatch")
 		}
 		return fn(ctx, a.last)
-	}, nil
+	}
+	if pool, ok := db.(*sqlx.DB); ok {
+		return poolAdapter{adapter: a, pool: pool}, f, nil
+	}
+	return a, f, nil
 }

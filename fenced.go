@@ -1,0 +1,414 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// DefaultFenceSequence is the sequence a zero Fencer draws tokens from, and
+// DefaultFenceColumn the column a FencedTable keeps them in by default.
+const (
+	DefaultFenceSequence = "txlock_fence_seq"
+	DefaultFenceColumn   = "fence_token"
+)
+
+// Errors of fencing tokens and fenced writes. Match them with errors.Is.
+var (
+	// ErrStaleToken: a fenced write carried a token smaller than the one the
+	// row holds, and was refused. The error is a *StaleTokenError.
+	ErrStaleToken = errors.New("txlock: stale fencing token")
+
+	// ErrRowNotFound: a fenced update or delete matched no row.
+	ErrRowNotFound = errors.New("txlock: no row matches")
+
+	// ErrNoToken: no fencing token could be issued, because the caller does
+	// not hold the lock (outside fn, fn run by WithFailOpen, or the lock's
+	// transaction is no longer alive), or because the database cannot draw
+	// one on a connection of its own.
+	ErrNoToken = errors.New("txlock: no fencing token")
+)
+
+// StaleTokenError reports a fenced write refused because the row holds a
+// larger token: another holder has written since this one's lock was lost.
+type StaleTokenError struct {
+	Table   string // the table, as quoted in the statement
+	Token   int64  // the token the write carried
+	Current int64  // the token the row holds; 0 if a concurrent write holds it and it could not be read
+}
+
+func (e *StaleTokenError) Error() string {
+	if e.Current == 0 {
+		return fmt.Sprintf("txlock: stale fencing token: %s was written concurrently with a larger token than %d", e.Table, e.Token)
+	}
+	return fmt.Sprintf("txlock: stale fencing token: %s holds token %d, the write carried %d", e.Table, e.Current, e.Token)
+}
+
+// Is reports whether target is ErrStaleToken.
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// Fencer issues fencing tokens from a PostgreSQL sequence. The zero Fencer
+// uses DefaultFenceSequence, found through the search_path.
+//
+// Create the sequence once with CreateSequence, or with the migration file
+// migrations/0001_txlock_fence_seq.sql.
+type Fencer struct {
+	Schema   string // optional schema of the sequence
+	Sequence string // sequence name; DefaultFenceSequence if empty
+}
+
+// FenceToken returns a fencing token for the lock that ctx's fn holds, from
+// the zero Fencer's sequence. See Fencer.Token.
+func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx) }
+
+// Token returns a fencing token for the lock held by the fn whose context is
+// ctx. Tokens only go up: a holder that acquires a lock after another holder
+// released or lost it always gets a larger token, even across a crash of the
+// server. The first call draws the token; later calls in the same fn return
+// the same one.
+//
+// How: the token is drawn with nextval on another connection of the pool, in
+// a transaction of its own that commits durably (it is given a transaction
+// id and synchronous_commit is raised to on if it was off or local, so the
+// commit flushes the sequence's WAL). Then the lock's transaction is asked
+// one statement, which proves it was alive, and so held the lock, until after
+// the draw. A transaction-scoped lock cannot be lost while its transaction
+// lives. Cost: two round trips, one on a second pool connection.
+//
+// The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB) of
+// at least two connections: a *sql.Conn, or a pool limited to one
+// connection, gets ErrNoToken rather than a deadlock. A token is never
+// issued to a fn that does not hold its lock (ErrNoToken).
+//
+// Behind PgBouncer 1.18, the draw is an ordinary query: use one of the
+// default_query_exec_mode settings the README names. Surviving a failover
+// needs synchronous replication; a token drawn from an asynchronous standby
+// promoted after a crash can repeat.
+func (f Fencer) Token(ctx context.Context) (int64, error) {
+	st, ok := stateFrom(ctx)
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("%w: ctx does not come from a WithLock fn", ErrNoToken)
+	case !st.lease.Held:
+		return 0, fmt.Errorf("%w: fn runs without the lock (fail-open)", ErrNoToken)
+	}
+	seq, err := f.sequence()
+	if err != nil {
+		return 0, err
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if t, ok := st.tokens[seq]; ok {
+		return t, nil
+	}
+	pool, err := tokenPool(st.db)
+	if err != nil {
+		return 0, err
+	}
+	var token int64
+	var xid string
+	err = pool.QueryRowContext(ctx, `SELECT nextval(`+quoteLiteral(seq)+`::regclass), pg_current_xact_id()::text,
+		set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+			THEN 'on' ELSE current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, new(string))
+	if err != nil {
+		return 0, fmt.Errorf("txlock: drawing a fencing token from %s: %w", seq, err)
+	}
+	// The lock's transaction must still be alive: then the lock was held
+	// without a break from the grant until after the draw.
+	if _, err := st.tx.ExecContext(ctx, "SELECT 1"); err != nil {
+		return 0, fmt.Errorf("%w: the lock's transaction ended before the token could be confirmed: %w", ErrNoToken, err)
+	}
+	if st.tokens == nil {
+		st.tokens = map[string]int64{}
+	}
+	st.tokens[seq] = token
+	return token, nil
+}
+
+// CreateSequence creates the Fencer's sequence if it does not exist. The
+// sequence is a bigint with CACHE 1 (a per-session cache would hand out
+// numbers out of order) and NO CYCLE.
+func (f Fencer) CreateSequence(ctx context.Context, db interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}) error {
+	seq, err := f.sequence()
+	if err != nil {
+		return err
+	}
+	if isNil(db) {
+		return fmt.Errorf("%w: db is nil", ErrInvalidArgument)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint CACHE 1 NO CYCLE`); err != nil {
+		return fmt.Errorf("txlock: creating fencing sequence %s: %w", seq, err)
+	}
+	return nil
+}
+
+// sequence returns the quoted, possibly schema-qualified sequence name.
+func (f Fencer) sequence() (string, error) {
+	name := f.Sequence
+	if name == "" {
+		name = DefaultFenceSequence
+	}
+	return qualified("Fencer", f.Schema, name)
+}
+
+type queryRower interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// tokenPool returns db as something that runs a statement on a connection
+// of its own, or explains why it cannot.
+func tokenPool(db Beginner) (queryRower, error) {
+	if _, ok := db.(*sql.Conn); ok {
+		return nil, fmt.Errorf("%w: fencing tokens are drawn on a second connection, and WithLock was given a single *sql.Conn; give it the *sql.DB", ErrNoToken)
+	}
+	pool, ok := db.(queryRower)
+	if !ok {
+		return nil, fmt.Errorf("%w: fencing tokens need a connection pool such as *sql.DB or *sqlx.DB, and WithLock was given %T", ErrNoToken, db)
+	}
+	if s, ok := db.(interface{ Stats() sql.DBStats }); ok && s.Stats().MaxOpenConnections == 1 {
+		return nil, fmt.Errorf("%w: the pool allows one connection (SetMaxOpenConns(1)), which the lock holds; a token needs a second", ErrNoToken)
+	}
+	return pool, nil
+}
+
+// Querier runs a statement and returns one row: *sql.DB, *sql.Tx, *sql.Conn,
+// *sqlx.DB and *sqlx.Tx all satisfy it.
+type Querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+var (
+	_ Querier = (*sql.DB)(nil)
+	_ Querier = (*sql.Tx)(nil)
+	_ Querier = (*sql.Conn)(nil)
+)
+
+// Col is a column name and a value for it. Values are always sent as bind
+// parameters; names are quoted as identifiers.
+type Col struct {
+	Name  string
+	Value any
+}
+
+// FencedTable describes a table whose rows carry the fencing token of their
+// last writer, in a bigint column:
+//
+//	ALTER TABLE stock ADD COLUMN fence_token bigint NOT NULL DEFAULT 0;
+//
+// Its methods write a row only if the row's token is not larger than the
+// writer's, and report a refused write as a *StaleTokenError. A NULL token
+// counts as never fenced. Each runs one statement, in one round trip, on any
+// Querier: a fenced write usually runs outside the lock's transaction, often
+// against another database. The zero FenceColumn means DefaultFenceColumn.
+type FencedTable struct {
+	Schema      string // optional
+	Name        string // required
+	FenceColumn string // DefaultFenceColumn if empty
+}
+
+// Update sets the columns of set, and the fence column to token, in the rows
+// whose columns equal those of where and whose token is at most token (so a
+// holder may write more than once with its own token). It returns the number
+// of rows written. If none was written, the error is a *StaleTokenError when
+// matching rows hold a larger token, and ErrRowNotFound when no row matches.
+func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, where []Col) (int64, error) {
+	t, err := ft.prepare(q, token, set, where, true)
+	if err != nil {
+		return 0, err
+	}
+	var sb strings.Builder
+	args := make([]any, 0, len(set)+len(where)+1)
+	sb.WriteString("WITH w AS (UPDATE " + t.table + " SET ")
+	for i, c := range set {
+		args = append(args, c.Value)
+		sb.WriteString(t.set[i] + " = $" + strconv.Itoa(len(args)) + ", ")
+	}
+	args = append(args, token)
+	tok := "$" + strconv.Itoa(len(args))
+	sb.WriteString(t.fence + " = " + tok + " WHERE ")
+	match := t.match(&args, where)
+	sb.WriteString(match + " AND (" + t.fence + " IS NULL OR " + t.fence + " <= " + tok + ") RETURNING 1)\n")
+	sb.WriteString("SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM " + t.table + " WHERE " + match + "), (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")")
+	return t.run(ctx, q, sb.String(), args, token)
+}
+
+// Delete deletes the rows whose columns equal those of where and whose token
+// is at most token. It reports refused and missing rows as Update does.
+func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where []Col) (int64, error) {
+	t, err := ft.prepare(q, token, nil, where, false)
+	if err != nil {
+		return 0, err
+	}
+	args := []any{token}
+	match := t.match(&args, where)
+	stmt := "WITH w AS (DELETE FROM " + t.table + " WHERE " + match + " AND (" + t.fence + " IS NULL OR " + t.fence + " <= $1) RETURNING 1)\n" +
+		"SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM " + t.table + " WHERE " + match + "), (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")"
+	return t.run(ctx, q, stmt, args, token)
+}
+
+// Upsert inserts a row with the columns of key and set and the fence column
+// set to token, or, if a row with the same key exists (key's columns must
+// have a unique index), updates its set columns and token, unless it holds a
+// larger token: then the error is a *StaleTokenError.
+//
+//	INSERT INTO t AS t (key…, set…, fence_token) VALUES (…)
+//	ON CONFLICT (key…) DO UPDATE SET set… = EXCLUDED.…, fence_token = EXCLUDED.fence_token
+//	WHERE t.fence_token IS NULL OR t.fence_token <= EXCLUDED.fence_token
+func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, set []Col) error {
+	t, err := ft.prepare(q, token, set, key, false)
+	if err != nil {
+		return err
+	}
+	cols := append(append([]string{}, t.where...), t.set...)
+	var args []any
+	var vals []string
+	for _, c := range append(append([]Col{}, key...), set...) {
+		args = append(args, c.Value)
+		vals = append(vals, "$"+strconv.Itoa(len(args)))
+	}
+	args = append(args, token)
+	vals = append(vals, "$"+strconv.Itoa(len(args)))
+	var sb strings.Builder
+	sb.WriteString("WITH w AS (INSERT INTO " + t.table + " AS t (" + strings.Join(cols, ", ") + ", " + t.fence + ") VALUES (" + strings.Join(vals, ", ") + ")")
+	sb.WriteString(" ON CONFLICT (" + strings.Join(t.where, ", ") + ") DO UPDATE SET ")
+	for _, c := range t.set {
+		sb.WriteString(c + " = EXCLUDED." + c + ", ")
+	}
+	sb.WriteString(t.fence + " = EXCLUDED." + t.fence + " WHERE t." + t.fence + " IS NULL OR t." + t.fence + " <= EXCLUDED." + t.fence + " RETURNING 1)\n")
+	var match []string
+	for i, c := range t.where {
+		match = append(match, c+" = $"+strconv.Itoa(i+1))
+	}
+	m := strings.Join(match, " AND ")
+	sb.WriteString("SELECT (SELECT count(*) FROM w), 1, (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + m + ")")
+	_, err = t.run(ctx, q, sb.String(), args, token)
+	return err
+}
+
+// fencedStmt holds the quoted identifiers of one fenced write.
+type fencedStmt struct {
+	table, fence string
+	set, where   []string
+}
+
+func (ft FencedTable) prepare(q Querier, token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
+	if isNil(q) {
+		return nil, fmt.Errorf("%w: fenced write: q is nil", ErrInvalidArgument)
+	}
+	if token <= 0 {
+		return nil, fmt.Errorf("%w: fenced write: token must be positive, got %d", ErrInvalidArgument, token)
+	}
+	table, err := qualified("FencedTable", ft.Schema, ft.Name)
+	if err != nil {
+		return nil, err
+	}
+	fenceName := ft.FenceColumn
+	if fenceName == "" {
+		fenceName = DefaultFenceColumn
+	}
+	fence, err := quoteIdent("FencedTable.FenceColumn", fenceName)
+	if err != nil {
+		return nil, err
+	}
+	if needSet && len(set) == 0 {
+		return nil, fmt.Errorf("%w: fenced write on %s: no columns to set", ErrInvalidArgument, table)
+	}
+	if len(where) == 0 {
+		return nil, fmt.Errorf("%w: fenced write on %s: no columns to match rows by (it would touch every row)", ErrInvalidArgument, table)
+	}
+	t := &fencedStmt{table: table, fence: fence}
+	seen := map[string]string{fenceName: "is the fence column, which the write sets itself"}
+	for _, group := range []struct {
+		cols []Col
+		out  *[]string
+		what string
+	}{{set, &t.set, "set"}, {where, &t.where, "match"}} {
+		for _, c := range group.cols {
+			if why, dup := seen[c.Name]; dup {
+				return nil, fmt.Errorf("%w: fenced write on %s: column %q %s", ErrInvalidArgument, table, c.Name, why)
+			}
+			seen[c.Name] = "appears twice"
+			qc, err := quoteIdent(group.what+" column", c.Name)
+			if err != nil {
+				return nil, err
+			}
+			*group.out = append(*group.out, qc)
+		}
+	}
+	return t, nil
+}
+
+// match renders "col = $n AND …", appending the values to args.
+func (t *fencedStmt) match(args *[]any, where []Col) string {
+	parts := make([]string, len(where))
+	for i, c := range where {
+		*args = append(*args, c.Value)
+		parts[i] = t.where[i] + " = $" + strconv.Itoa(len(*args))
+	}
+	return strings.Join(parts, " AND ")
+}
+
+// run executes a fenced write whose statement returns (written, matched,
+// max token) and turns that into the result.
+func (t *fencedStmt) run(ctx context.Context, q Querier, stmt string, args []any, token int64) (int64, error) {
+	var written, matched int64
+	var current sql.NullInt64
+	if err := q.QueryRowContext(ctx, stmt, args...).Scan(&written, &matched, &current); err != nil {
+		return 0, fmt.Errorf("txlock: fenced write on %s: %w", t.table, err)
+	}
+	switch {
+	case written > 0:
+		return written, nil
+	case matched == 0:
+		return 0, fmt.Errorf("%w: fenced write on %s", ErrRowNotFound, t.table)
+	}
+	e := &StaleTokenError{Table: t.table, Token: token, Current: current.Int64}
+	if e.Current <= token {
+		// The snapshot shows an older row: a concurrent writer with a
+		// larger token got there first.
+		e.Current = 0
+	}
+	return 0, e
+}
+
+// quoteIdent quotes name as a PostgreSQL identifier. It refuses names that
+// are empty, not UTF-8, hold a NUL byte, or exceed PostgreSQL's 63 bytes
+// (which the server would silently truncate to another name).
+func quoteIdent(what, name string) (string, error) {
+	switch {
+	case name == "":
+		return "", fmt.Errorf("%w: %s name is empty", ErrInvalidArgument, what)
+	case !utf8.ValidString(name):
+		return "", fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalidArgument, what, name)
+	case strings.IndexByte(name, 0) >= 0:
+		return "", fmt.Errorf("%w: %s name %q contains a NUL byte", ErrInvalidArgument, what, name)
+	case len(name) > 63:
+		return "", fmt.Errorf("%w: %s name %q is longer than PostgreSQL's 63 bytes", ErrInvalidArgument, what, truncate(name))
+	}
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`, nil
+}
+
+func qualified(what, schema, name string) (string, error) {
+	n, err := quoteIdent(what, name)
+	if err != nil {
+		return "", err
+	}
+	if schema == "" {
+		return n, nil
+	}
+	s, err := quoteIdent(what+" schema", schema)
+	if err != nil {
+		return "", err
+	}
+	return s + "." + n, nil
+}
+
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
