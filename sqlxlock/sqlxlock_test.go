@@ -135,3 +135,34 @@ func TestSqlxBadInput(t *testing.T) {
 	_, err = sqlxlock.TryLockTx(context.Background(), nil, txlock.StringKey("k"))
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 }
+
+// Fencing tokens are drawn through a *sqlx.DB, and fenced writes run on a
+// *sqlx.Tx.
+func TestSqlxFencing(t *testing.T) {
+	db := open(t, pgtest.Postgres(t))
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, db))
+	table := fmt.Sprintf("sqlx_fenced_%d", time.Now().UnixNano())
+	db.MustExec(`CREATE TABLE ` + table + ` (id int PRIMARY KEY, v text, fence_token bigint NOT NULL DEFAULT 0)`)
+	t.Cleanup(func() { db.MustExec(`DROP TABLE ` + table) })
+	ft := txlock.FencedTable{Name: table}
+
+	var tokens []int64
+	for range 2 {
+		require.NoError(t, sqlxlock.WithLock(ctx, db, txlock.StringKey(t.Name()), func(ctx context.Context, tx *sqlx.Tx) error {
+			tok, err := txlock.FenceToken(ctx)
+			if err != nil {
+				return err
+			}
+			tokens = append(tokens, tok)
+			return ft.Upsert(ctx, tx, tok, []txlock.Col{{Name: "id", Value: 1}}, []txlock.Col{{Name: "v", Value: fmt.Sprint(tok)}})
+		}))
+	}
+	require.Len(t, tokens, 2)
+	assert.Greater(t, tokens[1], tokens[0])
+	err := ft.Upsert(ctx, db, tokens[0], []txlock.Col{{Name: "id", Value: 1}}, []txlock.Col{{Name: "v", Value: "stale"}})
+	assert.ErrorIs(t, err, txlock.ErrStaleToken)
+	var v string
+	require.NoError(t, db.Get(&v, `SELECT v FROM `+table+` WHERE id = 1`))
+	assert.Equal(t, fmt.Sprint(tokens[1]), v)
+}
