@@ -8,3 +8,4 @@ var LockStatement = lockStatement
 
 // QuoteIdent exposes quoteIdent to the external tests.
 var QuoteIdent = quoteIdent
+var WaitStatement = waitStatement

@@ -231,15 +231,21 @@ func (k Key) pgLocks() (classid, objid uint32, objsubid int) {
 	return uint32(uint64(k.v) >> 32), uint32(k.v), 1
 }
 
-// sqlArgs renders the key as the arguments of an advisory lock function.
+// appendSQLArgs appends k as the arguments of an advisory lock function.
 // Values are integers rendered by strconv, so the text is always safe SQL;
 // quoting with a cast also covers math.MinInt64, whose magnitude does not
 // fit a bigint literal.
-func (k Key) sqlArgs() string {
+func appendSQLArgs(b []byte, k Key) []byte {
 	if k.kind == kindPair {
-		return "'" + strconv.FormatInt(int64(k.a), 10) + "'::int4,'" + strconv.FormatInt(int64(k.b), 10) + "'::int4"
+		b = append(b, '\'')
+		b = strconv.AppendInt(b, int64(k.a), 10)
+		b = append(b, "'::int4,'"...)
+		b = strconv.AppendInt(b, int64(k.b), 10)
+		return append(b, "'::int4"...)
 	}
-	return "'" + strconv.FormatInt(k.v, 10) + "'::int8"
+	b = append(b, '\'')
+	b = strconv.AppendInt(b, k.v, 10)
+	return append(b, "'::int8"...)
 }
 
 // compareKeys orders keys canonically: bigint keys before pairs, then by value.

@@ -28,6 +28,7 @@ type Option func(*config)
 type config struct {
 	timeout       time.Duration
 	retry         RetryStrategy
+	window        time.Duration // > 0: attempts wait in the server this long (ServerWait)
 	shared        bool
 	txOpts        *sql.TxOptions
 	maxHold       time.Duration
@@ -54,8 +55,11 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRetry sets the strategy that spaces out lock attempts. Without it,
-// the zero ExponentialBackoff is used.
+// WithRetry sets the wait strategy: how attempts are spaced out. Without
+// it, the zero ExponentialBackoff is used. Polling strategies
+// (ExponentialBackoff, ConstantBackoff, LinearBackoff) hold no connection
+// between attempts; ServerWait waits in the server's lock queue for a
+// bounded window per attempt.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {
@@ -178,6 +182,9 @@ func newConfig(opts []Option, inTx bool) (*config, error) {
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()
+	}
+	if sw, ok := c.retry.(interface{ serverWindow() time.Duration }); ok {
+		c.window = sw.serverWindow()
 	}
 	return c, nil
 }

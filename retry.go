@@ -127,6 +127,63 @@ func (l LinearBackoff) Validate() error {
 	return nil
 }
 
+// DefaultServerWaitWindow is the window of a ServerWait whose Window is zero.
+const DefaultServerWaitWindow = 200 * time.Millisecond
+
+// ServerWait waits for the lock in PostgreSQL's own lock queue, for at most
+// Window per attempt, instead of sleeping between attempts.
+//
+// Each attempt begins a transaction and, in one statement, sets lock_timeout
+// to Window for that transaction only (set_config(…, true)) and waits with
+// pg_advisory_xact_lock. The server grants the lock the moment it is
+// released, in queue order, so there is no handoff gap and no starvation.
+// If Window passes first, the statement fails with lock_timeout (55P03), the
+// attempt rolls back, and the next one starts after a random pause in
+// [0, Pause]. A deadlock reported by the server (40P01) also ends the
+// attempt.
+//
+// The cost is that a waiter holds a connection, and behind PgBouncer in
+// transaction mode a server connection, while it waits: for at most Window
+// at a time, then it lets go. n waiters on one PgBouncer pool can occupy n
+// server connections for up to Window. Choose it with the pool in mind, or
+// use a polling strategy, whose waiters hold no connection between
+// attempts.
+//
+// In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves
+// the caller's transaction usable, and a deadlock between caller
+// transactions that take keys in conflicting orders is reported at once as
+// an error whose SQLState is 40P01 (after PostgreSQL's deadlock_timeout,
+// 1s by default), rather than by both waiting out their timeouts.
+//
+// TryWithLock, TryWithLocks and TryLockTx never wait in the server. The
+// zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.
+type ServerWait struct {
+	Window time.Duration // longest wait in the server per attempt; at least 1ms, rounded up to whole milliseconds
+	Pause  time.Duration // random pause in [0, Pause] between windows
+}
+
+// Backoff implements RetryStrategy: the pause between two windows.
+func (s ServerWait) Backoff(int) time.Duration { return jitter(s.Pause) }
+
+// Validate reports a Window below 1ms (other than zero) or a negative Pause.
+func (s ServerWait) Validate() error {
+	if s.Window < 0 || (s.Window > 0 && s.Window < time.Millisecond) {
+		return fmt.Errorf("txlock: ServerWait Window must be zero (the default) or at least 1ms, got %v", s.Window)
+	}
+	if s.Pause < 0 {
+		return fmt.Errorf("txlock: ServerWait Pause must not be negative, got %v", s.Pause)
+	}
+	return nil
+}
+
+// serverWindow is how long an attempt waits in the server.
+func (s ServerWait) serverWindow() time.Duration {
+	if s.Window == 0 {
+		return DefaultServerWaitWindow
+	}
+	return s.Window
+}
+
 // NoRetry makes exactly one attempt. With WithLock, a busy lock then ends in
 // ErrLockTimeout at once; TryWithLock reports it as not acquired.
 var NoRetry RetryStrategy = noRetry{}

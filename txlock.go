@@ -129,8 +129,10 @@ func Held(ctx context.Context) bool {
 // busy, the transaction is rolled back at once, which returns its connection
 // to the pool (and, behind PgBouncer in transaction mode, its server
 // connection), and WithLock sleeps as the retry strategy says before trying
-// again. The wait ends at the earlier of the context's deadline and the
-// WithTimeout option (DefaultTimeout): the error then matches ErrLockTimeout.
+// again. With WithRetry(ServerWait{…}) an attempt waits for the lock in the
+// server's queue for a bounded window instead (see ServerWait). The wait
+// ends at the earlier of the context's deadline and the WithTimeout option
+// (DefaultTimeout): the error then matches ErrLockTimeout.
 //
 // Once the lock is granted, fn runs with the transaction:
 //   - fn returns nil: the transaction commits, and a commit error is returned;
@@ -147,7 +149,7 @@ func Held(ctx context.Context) bool {
 // reported with ErrInvalidArgument or ErrInvalidKey before the database is
 // touched.
 func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := run(ctx, db, []Key{key}, fn, false, opts)
+	_, err := run(ctx, db, nil, key, fn, false, opts)
 	return err
 }
 
@@ -155,7 +157,10 @@ func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Con
 // attempt asks for all of them, in canonical order, in one statement, and a
 // partial grant is rolled back with the attempt. It never deadlocks.
 func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := run(ctx, db, keys, fn, false, opts)
+	if keys == nil {
+		keys = []Key{}
+	}
+	_, err := run(ctx, db, keys, Key{}, fn, false, opts)
 	return err
 }
 
@@ -165,12 +170,15 @@ func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context
 // returns (true, the result). An error that is not about the lock, such as a
 // failed connection, is returned with false.
 func TryWithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	return run(ctx, db, []Key{key}, fn, true, opts)
+	return run(ctx, db, nil, key, fn, true, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	return run(ctx, db, keys, fn, true, opts)
+	if keys == nil {
+		keys = []Key{}
+	}
+	return run(ctx, db, keys, Key{}, fn, true, opts)
 }
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -182,6 +190,16 @@ func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx cont
 // WithLock does, but it cannot release the connection between attempts: the
 // caller's transaction keeps it. Prefer WithLock where the lock can be the
 // first thing a transaction does.
+//
+// With WithRetry(ServerWait{…}), LockTx waits in the server's lock queue
+// instead, one window at a time, inside a SAVEPOINT: a window that passes
+// (lock_timeout, 55P03) is rolled back to the savepoint, leaving the caller's
+// transaction and its lock_timeout as they were, and a granted lock lasts
+// until the transaction ends. Two transactions that take keys in
+// conflicting orders then deadlock in the server, and PostgreSQL's deadlock
+// detector ends one wait after deadlock_timeout: LockTx returns that error,
+// whose SQLState is 40P01, at once, with the caller's transaction still
+// usable (roll it back, and retry the whole transaction if you like).
 //
 // A context cancelled while a statement runs makes pgx close the connection,
 // which ends tx. Taking several keys one by one in different orders in
@@ -205,22 +223,81 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 	if tx == nil {
 		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
 	}
-	keys, err := canonicalKeys([]Key{key})
-	if err != nil {
+	if err := key.Err(); err != nil {
 		return false, err
 	}
-	stmt := lockStatement(keys, c.shared, c.maxHold)
-	_, err = c.wait(ctx, keys, try, func(context.Context) (outcome, error) {
-		return tryLock(ctx, tx, stmt)
-	})
+	a := &txAttempt{c: c, tx: tx}
+	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
+	a.one[0] = key
+	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold)
+	err = c.wait(ctx, &a.lease, try, a)
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
+// txAttempt is an attempt of LockTx: a statement in the caller's
+// transaction.
+type txAttempt struct {
+	c     *config
+	tx    *sql.Tx
+	stmt  string
+	lease Lease
+	one   [1]Key
+}
+
+// savepoint isolates a server-side wait inside the caller's transaction: a
+// lock_timeout (55P03) or deadlock (40P01) error aborts only what follows it.
+const savepoint = "txlock_wait"
+
+// attempt runs the lock statement in the caller's transaction. Statements
+// run under ctx, not waitCtx: cancelling a statement closes the connection,
+// which would end the caller's transaction. A server-side wait is bounded by
+// lock_timeout instead, and runs in a savepoint, so that its timeout leaves
+// the caller's transaction usable: ROLLBACK TO SAVEPOINT undoes the failed
+// wait (and its set_config), RELEASE SAVEPOINT keeps a granted lock until the
+// transaction ends.
+func (a *txAttempt) attempt(ctx, _ context.Context, _ time.Time, window time.Duration) (outcome, error) {
+	if window <= 0 {
+		return tryLock(ctx, a.tx, a.stmt)
+	}
+	out, err := tryLock(ctx, a.tx, "SAVEPOINT "+savepoint+"; "+waitStatement(a.lease.Keys, a.c.shared, a.c.maxHold, window))
+	if err != nil {
+		switch SQLState(err) {
+		case "55P03", "40P01":
+			if _, rerr := a.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint+"; RELEASE SAVEPOINT "+savepoint); rerr != nil {
+				return busy, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
+			}
+			if SQLState(err) == "40P01" {
+				// A deadlock between caller transactions: waiting again would
+				// deadlock again. The caller's transaction is still usable.
+				return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.lease.Keys), err)
+			}
+			return busy, nil
+		}
+		return busy, err
+	}
+	if _, err := a.tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint); err != nil {
+		return busy, fmt.Errorf("txlock: release savepoint: %w", err)
+	}
+	return out, nil
+}
+
+// runner is the state of one WithLock call, in one allocation: its lease,
+// and its transaction once the lock is granted.
+type runner struct {
+	c    *config
+	db   Beginner
+	stmt string
+	st   lockState // the lease, and what fn's context carries
+	one  [1]Key
+	h    holder
+}
+
 // run is the loop behind WithLock, WithLocks, TryWithLock and TryWithLocks.
-func run(ctx context.Context, db Beginner, keys []Key, fn func(context.Context, *sql.Tx) error, try bool, opts []Option) (bool, error) {
+// keys is nil for the single key one.
+func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.Context, *sql.Tx) error, try bool, opts []Option) (bool, error) {
 	c, err := newConfig(opts, false)
 	if err != nil {
 		return false, err
@@ -231,19 +308,21 @@ func run(ctx context.Context, db Beginner, keys []Key, fn func(context.Context, 
 	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
 	}
-	keys, err = canonicalKeys(keys)
-	if err != nil {
+	r := &runner{c: c, db: db}
+	if keys == nil {
+		if err := one.Err(); err != nil {
+			return false, err
+		}
+		r.one[0] = one
+		keys = r.one[:]
+	} else if keys, err = canonicalKeys(keys); err != nil {
 		return false, err
 	}
-	stmt := lockStatement(keys, c.shared, c.maxHold)
+	r.stmt = lockStatement(keys, c.shared, c.maxHold)
 	for round := 0; ; round++ {
-		var h *holder
-		lease, err := c.wait(ctx, keys, try, func(waitCtx context.Context) (outcome, error) {
-			var out outcome
-			var err error
-			h, out, err = c.attempt(ctx, waitCtx, db, stmt)
-			return out, err
-		})
+		r.st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
+		r.st.tokens = nil
+		err := c.wait(ctx, &r.st.lease, try, r)
 		if err != nil {
 			if errors.Is(err, errBusy) {
 				return false, nil
@@ -252,11 +331,12 @@ func run(ctx context.Context, db Beginner, keys []Key, fn func(context.Context, 
 			if c.failOpen && errors.As(err, &te) && te.Err == nil {
 				c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 					"keys", keysString(keys), "attempts", te.Attempts, "waited", te.Waited)
-				return false, c.runUnlocked(ctx, db, fn, lease)
+				return false, c.runUnlocked(ctx, db, fn, &r.st.lease)
 			}
 			return false, err
 		}
-		err = h.run(fn, &lockState{lease: *lease, db: db, tx: h.tx})
+		r.st.db, r.st.tx = db, r.h.tx
+		err = r.h.run(fn, &r.st)
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
 				return true, err
@@ -278,97 +358,187 @@ const (
 	standby
 )
 
-// wait runs attempt until it reports granted, honouring the retry strategy,
-// the timeout and ctx. try makes it stop after one busy attempt with errBusy.
-func (c *config) wait(ctx context.Context, keys []Key, try bool, attempt func(waitCtx context.Context) (outcome, error)) (*Lease, error) {
+// attempter makes one lock attempt. waitCtx is nil during the first attempt
+// of a call, and afterwards ends when the wait's deadline passes; an attempt
+// must not outlast deadline. window is how long the attempt may wait inside
+// the server (0: not at all).
+type attempter interface {
+	attempt(ctx, waitCtx context.Context, deadline time.Time, window time.Duration) (outcome, error)
+}
+
+// wait runs a's attempts until one reports granted, honouring the retry
+// strategy, the timeout and ctx, and records them in lease. try makes it
+// stop after one busy attempt with errBusy.
+//
+// Every attempt, and every sleep between attempts, ends by the deadline.
+// The first attempt is bound to it without a derived context (see
+// runner.attempt), so that an uncontended lock costs little beyond its one
+// statement.
+func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) error {
 	start := time.Now()
-	lease := &Lease{Keys: keys, Shared: c.shared, Held: true}
 	timeout := func() error {
 		lease.Waited = time.Since(start)
-		return &LockTimeoutError{Keys: keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
+		return &LockTimeoutError{Keys: lease.Keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
 	}
 	if err := ctx.Err(); err != nil {
 		if try {
-			return lease, fmt.Errorf("txlock: %s not attempted: %w", keysString(keys), err)
+			return fmt.Errorf("txlock: %s not attempted: %w", keysString(lease.Keys), err)
 		}
-		return lease, timeout()
+		return timeout()
 	}
-	waitCtx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
+	deadline := start.Add(c.timeout)
+	var waitCtx context.Context
+	window := c.window
+	if try {
+		window = 0
+	}
 	for {
-		out, err := attempt(waitCtx)
-		if err != nil {
-			if waitCtx.Err() != nil && !try {
-				return lease, timeout()
+		w := window
+		if w > 0 {
+			// Never wait in the server past the deadline.
+			w = min(w, time.Until(deadline))
+			if w < time.Millisecond {
+				w = time.Millisecond
 			}
-			return lease, err
+		}
+		out, err := a.attempt(ctx, waitCtx, deadline, w)
+		if err != nil {
+			if !try && (ctx.Err() != nil || !time.Now().Before(deadline)) {
+				return timeout()
+			}
+			return err
 		}
 		lease.Attempts++
 		switch out {
 		case granted:
 			lease.Waited = time.Since(start)
-			return lease, nil
+			return nil
 		case standby:
-			return lease, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(keys))
+			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lease.Keys))
 		}
 		if try {
-			return lease, errBusy
+			return errBusy
+		}
+		if waitCtx == nil {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithDeadline(ctx, deadline)
+			defer cancel()
 		}
 		d := c.retry.Backoff(lease.Attempts)
 		if d < 0 || !sleep(waitCtx, d) {
-			return lease, timeout()
+			return timeout()
 		}
 	}
 }
 
 // holder is a granted lock: its transaction and the contexts bound to it.
 type holder struct {
-	tx      *sql.Tx
-	txCtx   context.Context // the context the transaction was begun with
-	fnCtx   context.Context // txCtx, with the hold bound if any
-	release func()
+	tx       *sql.Tx
+	txCtx    context.Context // the context the transaction was begun with
+	fnCtx    context.Context // txCtx, with the hold bound if any
+	cancel   context.CancelCauseFunc
+	stopTie  func() bool        // unties the hold bound from txCtx
+	stopHold context.CancelFunc // releases the hold bound's context
+}
+
+// release frees what the holder's contexts hold, once fn is done.
+func (h *holder) release() {
+	if h.stopTie != nil {
+		h.stopTie()
+		h.stopHold()
+	}
+	if h.cancel != nil {
+		h.cancel(nil)
+	}
 }
 
 // attempt begins a transaction and runs the lock statement in it. Until the
-// lock is granted, the transaction is bound to waitCtx as well as ctx.
-func (c *config) attempt(ctx, waitCtx context.Context, db Beginner, stmt string) (*holder, outcome, error) {
-	txCtx, txCancel := context.WithCancelCause(ctx)
-	stopWait := context.AfterFunc(waitCtx, func() { txCancel(context.Cause(waitCtx)) })
-	abort := func(tx *sql.Tx) {
-		stopWait()
-		if tx != nil {
-			_ = tx.Rollback()
+// lock is granted, the transaction is bound to the wait's deadline as well
+// as to ctx, so that a stalled BEGIN or statement ends with the wait.
+//
+// On the first attempt (waitCtx nil) that bound is a timer, or nothing at
+// all when ctx's own deadline comes first: an uncontended call of a request
+// handler, whose context has a deadline, then begins the transaction with
+// ctx itself, and fn runs under the caller's context. Later attempts are
+// bound to waitCtx.
+func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, window time.Duration) (outcome, error) {
+	c := r.c
+	stmt := r.stmt
+	if window > 0 {
+		stmt = waitStatement(r.st.lease.Keys, c.shared, c.maxHold, window)
+	}
+	if waitCtx == nil && c.maxHold == 0 {
+		if d, ok := ctx.Deadline(); ok && !d.After(deadline) {
+			tx, err := r.db.BeginTx(ctx, c.txOpts)
+			if err != nil {
+				return busy, fmt.Errorf("txlock: begin: %w", err)
+			}
+			out, err := attemptIn(ctx, tx, stmt)
+			if err != nil || out != granted {
+				_ = tx.Rollback()
+				return out, err
+			}
+			r.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+			return granted, nil
 		}
-		txCancel(nil)
 	}
-	tx, err := db.BeginTx(txCtx, c.txOpts)
+	txCtx, txCancel := context.WithCancelCause(ctx)
+	var stopAfter func() bool
+	var timer *time.Timer
+	if waitCtx != nil {
+		stopAfter = context.AfterFunc(waitCtx, func() { txCancel(context.Cause(waitCtx)) })
+	} else {
+		timer = time.AfterFunc(time.Until(deadline), func() { txCancel(context.DeadlineExceeded) })
+	}
+	// unbind stops the deadline from ending the transaction, and reports
+	// whether it had not already.
+	unbind := func() bool {
+		if timer != nil {
+			return timer.Stop()
+		}
+		return stopAfter()
+	}
+	tx, err := r.db.BeginTx(txCtx, c.txOpts)
 	if err != nil {
-		abort(nil)
-		return nil, busy, fmt.Errorf("txlock: begin: %w", err)
+		unbind()
+		txCancel(nil)
+		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
-	out, err := tryLock(txCtx, tx, stmt)
+	out, err := attemptIn(txCtx, tx, stmt)
+	if err == nil && out == granted && !unbind() {
+		// The deadline fired as the lock was granted; the transaction is
+		// being rolled back, and fn must not run.
+		out, err = busy, context.DeadlineExceeded
+	}
 	if err != nil || out != granted {
-		abort(tx)
-		return nil, out, err
+		unbind()
+		_ = tx.Rollback()
+		txCancel(nil)
+		return out, err
 	}
-	if !stopWait() {
-		// The wait deadline fired as the lock was granted; the transaction
-		// is being rolled back, and fn must not run.
-		abort(tx)
-		return nil, busy, context.Cause(waitCtx)
-	}
-	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, release: func() { txCancel(nil) }}
+	r.h = holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
 	if c.maxHold > 0 {
 		fnCtx, cancelHold := context.WithTimeoutCause(txCtx, c.maxHold, ErrHoldTimeout)
-		stopTie := context.AfterFunc(fnCtx, func() { txCancel(context.Cause(fnCtx)) })
-		h.fnCtx = fnCtx
-		h.release = func() {
-			stopTie()
-			cancelHold()
-			txCancel(nil)
+		r.h.fnCtx = fnCtx
+		r.h.stopHold = cancelHold
+		r.h.stopTie = context.AfterFunc(fnCtx, func() { txCancel(context.Cause(fnCtx)) })
+	}
+	return granted, nil
+}
+
+// attemptIn runs the lock statement of an attempt in its own transaction.
+// A server-side wait that ends in lock_timeout (55P03), or that the deadlock
+// detector picks (40P01), is a busy lock: the caller rolls the transaction
+// back, which undoes whatever the statement did.
+func attemptIn(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
+	out, err := tryLock(ctx, tx, stmt)
+	if err != nil {
+		switch SQLState(err) {
+		case "55P03", "40P01":
+			return busy, nil
 		}
 	}
-	return h, granted, nil
+	return out, err
 }
 
 // run runs fn in the holder's transaction and commits or rolls back.
@@ -396,6 +566,11 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) err
 		return h.ended()
 	}
 	if err := h.tx.Commit(); err != nil {
+		if h.txCtx.Err() != nil && !errors.Is(err, sql.ErrTxDone) {
+			// The context ended as Commit ran: database/sql refused to
+			// commit, or the driver cut the COMMIT off mid-flight.
+			return fmt.Errorf("txlock: commit interrupted as the transaction's context ended, and may not have taken effect: %w: %w", context.Cause(h.fnCtx), err)
+		}
 		if errors.Is(err, sql.ErrTxDone) {
 			if h.txCtx.Err() != nil {
 				return h.ended()
@@ -426,7 +601,7 @@ func (c *config) runUnlocked(ctx context.Context, db Beginner, fn func(context.C
 		txCancel(nil)
 		return fmt.Errorf("txlock: begin: %w", err)
 	}
-	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, release: func() { txCancel(nil) }}
+	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
 	return h.run(fn, &lockState{lease: *lease, db: db, tx: tx})
 }
 
@@ -474,24 +649,78 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
 	if shared {
 		fn = "pg_try_advisory_xact_lock_shared("
 	}
-	var sb strings.Builder
-	sb.WriteString("SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2 WHEN ")
+	b := make([]byte, 0, 128+len(keys)*(len(fn)+48))
+	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2 WHEN "...)
 	for i, k := range keys {
 		if i > 0 {
-			sb.WriteString(" AND ")
+			b = append(b, " AND "...)
 		}
-		sb.WriteString(fn)
-		sb.WriteString(k.sqlArgs())
-		sb.WriteByte(')')
+		b = append(b, fn...)
+		b = appendSQLArgs(b, k)
+		b = append(b, ')')
 	}
 	if maxHold > 0 {
-		ms := (maxHold + time.Millisecond - 1) / time.Millisecond
-		sb.WriteString(" AND set_config('idle_in_transaction_session_timeout', '")
-		sb.WriteString(strconv.FormatInt(int64(ms), 10))
-		sb.WriteString("', true) IS NOT NULL")
+		b = append(b, " AND set_config('idle_in_transaction_session_timeout', '"...)
+		b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
+		b = append(b, "', true) IS NOT NULL"...)
 	}
-	sb.WriteString(" THEN 1 ELSE 0 END)")
-	return sb.String()
+	b = append(b, " THEN 1 ELSE 0 END)"...)
+	return string(b)
+}
+
+// waitStatement builds the statement of an attempt that waits for the lock
+// in the server's queue (ServerWait) for at most window. Its rows mean what
+// lockStatement's mean, and it too takes no parameters:
+//
+//	SELECT 1 FROM generate_series(1, CASE
+//	  WHEN pg_is_in_recovery() THEN 2
+//	  WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0
+//	  WHEN set_config('lock_timeout', '<window ms>', true) IS NULL THEN 0
+//	  WHEN pg_advisory_xact_lock(k1)::text IS NULL THEN 0
+//	  WHEN pg_advisory_xact_lock(k2)::text IS NULL THEN 0 ...
+//	  WHEN set_config('lock_timeout', current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0
+//	  ELSE 1 END)
+//
+// CASE evaluates its branches in order, so lock_timeout is set before the
+// waits and, once every lock is granted, set back to what it was: fn's own
+// statements see the transaction's lock_timeout unchanged. The keys are
+// taken one by one in canonical order, so two WithLocks calls cannot
+// deadlock each other. When the window passes, the wait fails with
+// lock_timeout (55P03), which aborts the transaction: the attempt rolls back
+// (releasing any lock it was granted) and counts as busy. If lock_timeout
+// fires as the lock is granted, PostgreSQL either reports the grant or
+// reports the error and, with the rollback, releases the lock: never both.
+// With a hold bound, the granted branch sets
+// idle_in_transaction_session_timeout too.
+func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) string {
+	fn := "pg_advisory_xact_lock("
+	if shared {
+		fn = "pg_advisory_xact_lock_shared("
+	}
+	b := make([]byte, 0, 384+len(keys)*(len(fn)+64))
+	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
+		" WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+
+		" WHEN set_config('lock_timeout', '"...)
+	b = strconv.AppendInt(b, ceilMillis(window), 10)
+	b = append(b, "', true) IS NULL THEN 0"...)
+	for _, k := range keys {
+		b = append(b, " WHEN "...)
+		b = append(b, fn...)
+		b = appendSQLArgs(b, k)
+		b = append(b, ")::text IS NULL THEN 0"...)
+	}
+	if maxHold > 0 {
+		b = append(b, " WHEN set_config('idle_in_transaction_session_timeout', '"...)
+		b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
+		b = append(b, "', true) IS NULL THEN 0"...)
+	}
+	b = append(b, " WHEN set_config('lock_timeout', current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0 ELSE 1 END)"...)
+	return string(b)
+}
+
+// ceilMillis is d in whole milliseconds, rounded up.
+func ceilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // canonicalKeys validates keys and returns them sorted, without duplicates.

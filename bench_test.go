@@ -1,0 +1,132 @@
+package txlock_test
+
+import (
+	"context"
+	"database/sql"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+)
+
+// The hot paths. Compare BenchmarkWithLockUncontended with
+// BenchmarkPlainTx: the difference is the cost of the lock (one round trip,
+// and the allocations reported by -benchmem). cmd/txlock-bench measures
+// contention and the alternatives.
+
+func benchSelect(ctx context.Context, tx *sql.Tx) error {
+	var one int
+	return tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one)
+}
+
+func BenchmarkPlainTx(b *testing.B) {
+	db := direct(b)
+	ctx := context.Background()
+	for b.Loop() {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(b, err)
+		require.NoError(b, benchSelect(ctx, tx))
+		require.NoError(b, tx.Commit())
+	}
+}
+
+func BenchmarkWithLockUncontended(b *testing.B) {
+	db := direct(b)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(b))
+	for b.Loop() {
+		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect))
+	}
+}
+
+// With a cancellable context, as a request handler has: database/sql then
+// watches the context of every transaction, with or without the lock.
+func BenchmarkPlainTxCancelCtx(b *testing.B) {
+	db := direct(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for b.Loop() {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(b, err)
+		require.NoError(b, benchSelect(ctx, tx))
+		require.NoError(b, tx.Commit())
+	}
+}
+
+func BenchmarkWithLockUncontendedCancelCtx(b *testing.B) {
+	db := direct(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	key := txlock.StringKey(uniq(b))
+	for b.Loop() {
+		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect))
+	}
+}
+
+func BenchmarkStringKey(b *testing.B) {
+	name := "orders:" + strconv.Itoa(42)
+	for b.Loop() {
+		_ = txlock.StringKey(name)
+	}
+}
+
+func BenchmarkKeyspaceKey(b *testing.B) {
+	ks := txlock.NewKeyspace("billing")
+	for b.Loop() {
+		_ = ks.Key("invoice-7")
+	}
+}
+
+func BenchmarkLockStatement(b *testing.B) {
+	keys := []txlock.Key{txlock.StringKey("orders:42")}
+	for b.Loop() {
+		_ = txlock.LockStatement(keys, false, 0)
+	}
+}
+
+func BenchmarkExponentialBackoff(b *testing.B) {
+	s := txlock.ExponentialBackoff{}
+	n := 0
+	for b.Loop() {
+		n++
+		_ = s.Backoff(n%12 + 1)
+	}
+}
+
+func BenchmarkLinearBackoff(b *testing.B) {
+	s := txlock.LinearBackoff{Step: time.Millisecond, Max: 50 * time.Millisecond, Jitter: time.Millisecond}
+	n := 0
+	for b.Loop() {
+		n++
+		_ = s.Backoff(n%60 + 1)
+	}
+}
+
+// With a context whose deadline comes before the lock's timeout, as a
+// request handler's usually does (a 2s request deadline, the 5s default
+// timeout): the first attempt needs no timer of its own. The benchmark
+// scales both up so that they outlast it.
+func BenchmarkPlainTxDeadlineCtx(b *testing.B) {
+	db := direct(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	for b.Loop() {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(b, err)
+		require.NoError(b, benchSelect(ctx, tx))
+		require.NoError(b, tx.Commit())
+	}
+}
+
+func BenchmarkWithLockUncontendedDeadlineCtx(b *testing.B) {
+	db := direct(b)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	key := txlock.StringKey(uniq(b))
+	for b.Loop() {
+		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect, txlock.WithTimeout(2*time.Hour)))
+	}
+}

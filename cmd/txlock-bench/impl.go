@@ -1,0 +1,215 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/txlock/txlock"
+)
+
+// env is what an implementation runs against in one measurement.
+type env struct {
+	db    *sql.DB       // the pool (direct, or through PgBouncer)
+	rdb   *redis.Client // for redislock
+	locks *redislock.Client
+}
+
+// work is the guarded work: what fn does once the lock is held.
+type work func(ctx context.Context, tx *sql.Tx, id int) error
+
+// impl acquires the lock named by id, runs w in a transaction, and reports
+// when the lock was granted (the end of the wait).
+type impl struct {
+	name string
+	// direct is false for implementations that are unsafe behind PgBouncer
+	// in transaction mode (session locks), which are then not run there.
+	pgbouncerSafe bool
+	// perWorker prepares per-worker state; nil means none.
+	perWorker func(ctx context.Context, e *env) (workerImpl, error)
+	run       func(ctx context.Context, e *env, id int, w work, granted func()) error
+}
+
+// workerImpl is an implementation bound to one worker's own resources.
+type workerImpl interface {
+	run(ctx context.Context, e *env, id int, w work, granted func()) error
+	close()
+}
+
+// lockKey is the txlock key of row id.
+func lockKey(id int) txlock.Key { return txlock.StringKey("bench:row:" + strconv.Itoa(id)) }
+
+// lockArgs is the same key as advisory lock function arguments.
+func lockArgs(id int) string {
+	n, _ := lockKey(id).Int64()
+	return "'" + strconv.FormatInt(n, 10) + "'::int8"
+}
+
+// inTx runs w in a plain transaction and commits.
+func inTx(ctx context.Context, db interface {
+	BeginTx(context.Context, *sql.TxOptions) (*sql.Tx, error)
+}, id int, w work, granted func()) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if granted != nil {
+		granted()
+	}
+	if err := w(ctx, tx, id); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// txlockImpl is txlock.WithLock with the given options.
+func txlockImpl(name string, opts ...txlock.Option) impl {
+	opts = append([]txlock.Option{txlock.WithTimeout(60 * time.Second)}, opts...)
+	return impl{name: name, pgbouncerSafe: true,
+		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+			return txlock.WithLock(ctx, e.db, lockKey(id), func(ctx context.Context, tx *sql.Tx) error {
+				granted()
+				return w(ctx, tx, id)
+			}, opts...)
+		}}
+}
+
+// plainTx is the baseline: the same transaction with no lock.
+var plainTx = impl{name: "plain-tx", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		return inTx(ctx, e.db, id, w, granted)
+	}}
+
+// forUpdate locks the row itself with SELECT … FOR UPDATE.
+var forUpdate = impl{name: "select-for-update", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		var one int
+		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM bench_rows WHERE id = $1 FOR UPDATE`, id).Scan(&one); err != nil {
+			return err
+		}
+		granted()
+		if err := w(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}}
+
+// blocking is BEGIN; pg_advisory_xact_lock (waits in the server's queue);
+// fn; COMMIT: the fairness and handoff ideal, which pins a server
+// connection per waiter.
+var blocking = impl{name: "pg-blocking", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock("+lockArgs(id)+")"); err != nil {
+			return err
+		}
+		granted()
+		if err := w(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}}
+
+// pollHeldTx polls pg_try_advisory_xact_lock every 50 ms + 0–20 ms jitter
+// inside one transaction, which it holds (with its connection) throughout.
+var pollHeldTx = impl{name: "poll-50ms-held-tx", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		stmt := "SELECT pg_try_advisory_xact_lock(" + lockArgs(id) + ")"
+		for {
+			var ok bool
+			if err := tx.QueryRowContext(ctx, stmt).Scan(&ok); err != nil {
+				return err
+			}
+			if ok {
+				break
+			}
+			if err := sleepCtx(ctx, 50*time.Millisecond+rand.N(20*time.Millisecond+1)); err != nil {
+				return err
+			}
+		}
+		granted()
+		if err := w(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}}
+
+// sessionLock holds a dedicated *sql.Conn per worker and brackets the
+// transaction with pg_advisory_lock / pg_advisory_unlock. It is not run
+// behind PgBouncer in transaction mode, where the unlock may reach another
+// server connection than the lock.
+var sessionLock = impl{name: "session-lock-conn", pgbouncerSafe: false,
+	perWorker: func(ctx context.Context, e *env) (workerImpl, error) {
+		c, err := e.db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return &sessionWorker{conn: c}, nil
+	}}
+
+type sessionWorker struct{ conn *sql.Conn }
+
+func (s *sessionWorker) run(ctx context.Context, e *env, id int, w work, granted func()) error {
+	if _, err := s.conn.ExecContext(ctx, "SELECT pg_advisory_lock("+lockArgs(id)+")"); err != nil {
+		return err
+	}
+	err := inTx(ctx, s.conn, id, w, granted)
+	var ok bool
+	if uerr := s.conn.QueryRowContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+lockArgs(id)+")").Scan(&ok); uerr != nil {
+		return errors.Join(err, uerr)
+	} else if !ok {
+		return errors.Join(err, errors.New("pg_advisory_unlock: lock was not held"))
+	}
+	return err
+}
+
+func (s *sessionWorker) close() { _ = s.conn.Close() }
+
+// redisLock takes a bsm/redislock lock (ExponentialBackoff between tries),
+// runs the same transaction, and releases the lock.
+func redisLock(min, max time.Duration) impl {
+	return impl{name: "redislock+tx", pgbouncerSafe: true,
+		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			l, err := e.locks.Obtain(lctx, "bench:row:"+strconv.Itoa(id), 30*time.Second,
+				&redislock.Options{RetryStrategy: redislock.ExponentialBackoff(min, max)})
+			if err != nil {
+				return err
+			}
+			err = inTx(ctx, e.db, id, w, granted)
+			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
+		}}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

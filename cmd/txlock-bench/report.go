@@ -1,0 +1,311 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// result is one measurement: one implementation in one configuration.
+type result struct {
+	Scenario          string   `json:"scenario"`
+	Via               string   `json:"via"` // direct or pgbouncer
+	Impl              string   `json:"impl"`
+	Workers           int      `json:"workers"`
+	Keys              int      `json:"keys"` // 0: random rows of bench_rows
+	HoldMS            float64  `json:"hold_ms"`
+	Acquisitions      int64    `json:"acquisitions"`
+	Seconds           float64  `json:"seconds"`
+	AcqPerS           float64  `json:"acq_per_s"`
+	P50WaitMS         float64  `json:"p50_wait_ms"`
+	P99WaitMS         float64  `json:"p99_wait_ms"`
+	MaxWaitMS         float64  `json:"max_wait_ms"`
+	StmtsPerAcq       float64  `json:"stmts_per_acq"`
+	WaiterServerConns *float64 `json:"waiter_server_conns"`     // mean, from SHOW POOLS; null when not sampled
+	WaiterConnsMax    *int     `json:"waiter_server_conns_max"` // max of the samples
+	ClWaitingMax      *int     `json:"cl_waiting_max"`          // clients queued in PgBouncer, max of the samples
+	AllocsPerOp       *float64 `json:"allocs_per_op"`           // process-wide mallocs per acquisition; one worker only
+	PoolShare         *float64 `json:"min_pool_share"`          // two-pools: the less served pool's share of acquisitions
+	Errors            int64    `json:"errors"`
+	FirstError        string   `json:"first_error,omitempty"`
+}
+
+func summarize(sc scenario, im impl, a *accum) result {
+	r := result{
+		Scenario: sc.name, Via: sc.via, Impl: im.name, Workers: sc.workers, Keys: sc.keys,
+		HoldMS: float64(sc.hold) / float64(time.Millisecond), Acquisitions: a.inWindow,
+		Seconds: a.elapsed.Seconds(), Errors: a.errs,
+	}
+	if a.firstErr != nil {
+		r.FirstError = a.firstErr.Error()
+	}
+	if a.elapsed > 0 {
+		r.AcqPerS = float64(a.inWindow) / a.elapsed.Seconds()
+	}
+	if a.total > 0 {
+		r.StmtsPerAcq = float64(a.stmts) / float64(a.total)
+	}
+	if len(a.waits) > 0 {
+		slices.Sort(a.waits)
+		q := func(p float64) float64 {
+			i := int(math.Ceil(p*float64(len(a.waits)))) - 1
+			return ms(a.waits[max(i, 0)])
+		}
+		r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS = q(0.50), q(0.99), ms(a.waits[len(a.waits)-1])
+	}
+	if a.samples > 0 {
+		m := float64(a.waiterConnsSum) / float64(a.samples)
+		r.WaiterServerConns, r.WaiterConnsMax, r.ClWaitingMax = &m, &a.waiterConnsMax, &a.clWaitingMax
+	}
+	if sc.workers == 1 && a.total > 0 {
+		v := float64(a.mallocs) / float64(a.total)
+		r.AllocsPerOp = &v
+	}
+	if sc.pools == 2 && a.inWindow > 0 {
+		v := 2 * float64(min(a.perPool[0], a.perPool[1])) / float64(a.inWindow)
+		r.PoolShare = &v
+	}
+	return r
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func printJSON(w io.Writer, rs []result) {
+	enc := json.NewEncoder(w)
+	for _, r := range rs {
+		_ = enc.Encode(r)
+	}
+}
+
+// baseline names the implementation a scenario's ratios are taken against.
+func baseline(scenario string) string {
+	switch {
+	case strings.HasPrefix(scenario, "uncontended"), scenario == "many-keys":
+		return "plain-tx"
+	default:
+		return "pg-blocking"
+	}
+}
+
+func find(rs []result, scenario, via, impl string, workers int, hold float64) *result {
+	for i := range rs {
+		r := &rs[i]
+		if r.Scenario == scenario && r.Via == via && r.Impl == impl && r.Workers == workers && r.HoldMS == hold {
+			return r
+		}
+	}
+	return nil
+}
+
+func printTable(w io.Writer, rs []result, o options) {
+	fmt.Fprintf(w, "Each row: %v of measurement in %d interleaved rounds. Ratios are against the scenario's baseline in the same run.\n\n", o.dur, o.rounds)
+	type group struct {
+		scenario, via string
+		workers       int
+		hold          float64
+	}
+	var groups []group
+	for _, r := range rs {
+		g := group{r.Scenario, r.Via, r.Workers, r.HoldMS}
+		if !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	scenario := ""
+	for _, g := range groups {
+		if g.scenario != scenario {
+			scenario = g.scenario
+			fmt.Fprintf(w, "\n### %s (ratio against %s)\n\n", scenario, baseline(scenario))
+			fmt.Fprintln(w, "| via | impl | workers | hold ms | acq/s | ratio | p50 wait ms | p99 wait ms | max wait ms | stmts/acq | waiter server conns (mean/max) | allocs/op | min pool share | errors |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+		}
+		base := find(rs, g.scenario, g.via, baseline(g.scenario), g.workers, g.hold)
+		for _, r := range rs {
+			if r.Scenario != g.scenario || r.Via != g.via || r.Workers != g.workers || r.HoldMS != g.hold {
+				continue
+			}
+			ratio := "–"
+			if base != nil && base.AcqPerS > 0 {
+				ratio = fmt.Sprintf("%.2f", r.AcqPerS/base.AcqPerS)
+			}
+			conns := "–"
+			if r.WaiterServerConns != nil {
+				conns = fmt.Sprintf("%.1f / %d", *r.WaiterServerConns, *r.WaiterConnsMax)
+			}
+			allocs := "–"
+			if r.AllocsPerOp != nil {
+				allocs = fmt.Sprintf("%.0f", *r.AllocsPerOp)
+			}
+			share := "–"
+			if r.PoolShare != nil {
+				share = fmt.Sprintf("%.2f", *r.PoolShare)
+			}
+			fmt.Fprintf(w, "| %s | %s | %d | %g | %.0f | %s | %.2f | %.2f | %.2f | %.1f | %s | %s | %s | %d |\n",
+				r.Via, r.Impl, r.Workers, r.HoldMS, r.AcqPerS, ratio, r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS,
+				r.StmtsPerAcq, conns, allocs, share, r.Errors)
+		}
+	}
+	fmt.Fprintln(w)
+	printTargets(w, rs)
+}
+
+// printTargets checks the issue's targets against this run's numbers.
+func printTargets(w io.Writer, rs []result) {
+	fmt.Fprintln(w, "### Targets (ratios from this run)")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| target | via | measured | met |")
+	fmt.Fprintln(w, "|---|---|---:|---|")
+	check := func(name, via string, v float64, ok bool, format string) {
+		mark := "yes"
+		if !ok {
+			mark = "**no**"
+		}
+		if math.IsNaN(v) {
+			mark, format = "not measured", "%v"
+		}
+		fmt.Fprintf(w, "| %s | %s | "+format+" | %s |\n", name, via, v, mark)
+	}
+	ratio := func(scenario, via, a, b string, workers int, hold float64, f func(*result) float64) float64 {
+		x, y := find(rs, scenario, via, a, workers, hold), find(rs, scenario, via, b, workers, hold)
+		if x == nil || y == nil || f(y) == 0 {
+			return math.NaN()
+		}
+		return f(x) / f(y)
+	}
+	tput := func(r *result) float64 { return r.AcqPerS }
+	p99 := func(r *result) float64 { return r.P99WaitMS }
+	for _, via := range []string{"direct", "pgbouncer"} {
+		// Throughput ratios of one worker are ratios of time per operation.
+		v := 1 / ratio("uncontended-select", via, "txlock", "plain-tx", 1, 0, tput)
+		check("uncontended SELECT fn: time txlock ÷ plain tx ≤ 1.40", via, v, v <= 1.40, "%.2f")
+		v = 1 / ratio("uncontended-update", via, "txlock", "plain-tx", 1, 0, tput)
+		check("uncontended UPDATE fn: time txlock ÷ plain tx ≤ 1.15", via, v, v <= 1.15, "%.2f")
+		v = ratio("uncontended-update", via, "txlock", "redislock+tx", 1, 0, tput)
+		check("uncontended UPDATE fn: throughput txlock ÷ redislock+tx ≥ 1.1", via, v, v >= 1.1, "%.2f")
+		v = ratio("contended", via, "txlock", "pg-blocking", 16, 1, tput)
+		check("contended 16w 1ms: throughput txlock ÷ blocking ≥ 0.9", via, v, v >= 0.9, "%.2f")
+		v = ratio("contended", via, "txlock", "pg-blocking", 16, 1, p99)
+		check("contended 16w 1ms: p99 wait txlock ÷ blocking ≤ 2", via, v, v <= 2, "%.2f")
+		if r := find(rs, "contended", via, "txlock", 16, 1); r != nil {
+			check("contended 16w 1ms: txlock statements per acquisition ≤ 4", via, r.StmtsPerAcq, r.StmtsPerAcq <= 4, "%.2f")
+			if r.WaiterServerConns != nil {
+				check("contended 16w 1ms: txlock waiters' server connections (mean of samples)", via, *r.WaiterServerConns, true, "%.2f")
+			}
+		}
+		v = ratio("contended", via, "txlock", "redislock+tx", 16, 1, tput)
+		check("contended 16w 1ms: throughput txlock ÷ redislock+tx ≥ 1", via, v, v >= 1, "%.2f")
+	}
+	if a, b := find(rs, "uncontended-select", "direct", "txlock", 1, 0), find(rs, "uncontended-select", "direct", "plain-tx", 1, 0); a != nil && b != nil && a.AllocsPerOp != nil && b.AllocsPerOp != nil {
+		d := *a.AllocsPerOp - *b.AllocsPerOp
+		check("uncontended: allocations txlock − plain tx ≤ 10 (process-wide; see go test -bench for the exact figure)", "direct", d, d <= 10, "%.1f")
+	}
+}
+
+// chart draws throughput and p99 wait against workers, one line per
+// implementation, for the contended scenario (direct, 1 ms hold).
+func chart(rs []result) string {
+	const via, hold = "direct", 1.0
+	var impls []string
+	var workers []int
+	for _, r := range rs {
+		if r.Scenario != "contended" || r.Via != via || r.HoldMS != hold {
+			continue
+		}
+		if !slices.Contains(impls, r.Impl) {
+			impls = append(impls, r.Impl)
+		}
+		if !slices.Contains(workers, r.Workers) {
+			workers = append(workers, r.Workers)
+		}
+	}
+	slices.Sort(workers)
+	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
+	const pw, ph, left, top, gap = 420.0, 300.0, 70.0, 40.0, 110.0
+	legendH := 18.0 * float64(len(impls))
+	width, height := left+2*pw+gap+40, top+ph+60+legendH
+	var sb strings.Builder
+	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&sb, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	panel := func(x0 float64, title, ylabel string, value func(*result) float64, logY bool) {
+		var maxV, minV float64 = 0, math.Inf(1)
+		for _, r := range rs {
+			if r.Scenario == "contended" && r.Via == via && r.HoldMS == hold {
+				v := value(&r)
+				maxV = max(maxV, v)
+				if v > 0 {
+					minV = min(minV, v)
+				}
+			}
+		}
+		if maxV == 0 {
+			maxV = 1
+		}
+		lo, hi := 0.0, maxV*1.1
+		if logY {
+			lo, hi = math.Floor(math.Log10(max(minV, 0.01))), math.Ceil(math.Log10(maxV))
+			if hi <= lo {
+				hi = lo + 1
+			}
+		}
+		y := func(v float64) float64 {
+			if logY {
+				v = math.Log10(max(v, math.Pow(10, lo)))
+			}
+			return top + ph - (v-lo)/(hi-lo)*ph
+		}
+		x := func(i int) float64 {
+			if len(workers) < 2 {
+				return x0 + pw/2
+			}
+			return x0 + 20 + float64(i)/float64(len(workers)-1)*(pw-40)
+		}
+		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">%s</text>`+"\n", x0, top-15, title)
+		fmt.Fprintf(&sb, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, top, pw, ph)
+		// grid and y labels
+		if logY {
+			for e := lo; e <= hi; e++ {
+				fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%g</text>`+"\n",
+					x0, x0+pw, y(math.Pow(10, e)), y(math.Pow(10, e)), x0-5, y(math.Pow(10, e))+4, math.Pow(10, e))
+			}
+		} else {
+			for i := 0; i <= 5; i++ {
+				v := hi * float64(i) / 5
+				fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%.0f</text>`+"\n",
+					x0, x0+pw, y(v), y(v), x0-5, y(v)+4, v)
+			}
+		}
+		fmt.Fprintf(&sb, `<text transform="translate(%.0f,%.0f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", x0-50, top+ph/2, ylabel)
+		for i, wk := range workers {
+			fmt.Fprintf(&sb, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`+"\n", x(i), top+ph+16, wk)
+		}
+		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" text-anchor="middle">workers (1 key, %g ms hold, %s)</text>`+"\n", x0+pw/2, top+ph+34, hold, via)
+		for k, im := range impls {
+			var pts []string
+			for i, wk := range workers {
+				if r := find(rs, "contended", via, im, wk, hold); r != nil {
+					pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(value(r))))
+				}
+			}
+			c := colors[k%len(colors)]
+			fmt.Fprintf(&sb, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+			for _, p := range pts {
+				xy := strings.Split(p, ",")
+				fmt.Fprintf(&sb, `<circle cx="%s" cy="%s" r="3" fill="%s"/>`+"\n", xy[0], xy[1], c)
+			}
+		}
+	}
+	panel(left, "Throughput", "acquisitions per second", func(r *result) float64 { return r.AcqPerS }, false)
+	panel(left+pw+gap, "p99 wait (log scale)", "p99 wait, ms", func(r *result) float64 { return r.P99WaitMS }, true)
+	for k, im := range impls {
+		yy := top + ph + 55 + 18*float64(k)
+		c := colors[k%len(colors)]
+		fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="%s" stroke-width="3"/><text x="%.0f" y="%.0f">%s</text>`+"\n",
+			left, left+24, yy-4, yy-4, c, left+30, yy, im)
+	}
+	sb.WriteString("</svg>\n")
+	return sb.String()
+}

@@ -1,0 +1,274 @@
+package txlock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+)
+
+// serverWait is a short window, so that the tests see windows expire.
+var serverWait = txlock.WithRetry(txlock.ServerWait{Window: 50 * time.Millisecond})
+
+func TestServerWaitMutualExclusion(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		db   func(t testing.TB) *sql.DB
+	}{
+		{"direct", direct},
+		{"pgbouncer/exec", func(t testing.TB) *sql.DB { db, _ := bouncer(t, "exec"); return db }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			admin := direct(t)
+			db := tc.db(t)
+			l := newLedger(t, admin)
+			key := txlock.StringKey(uniq(t))
+			// Windows of 5ms expire often under 8 contending workers: many
+			// attempts end in lock_timeout, some as the lock is released.
+			errs := hammer(8, 4, func() error {
+				return txlock.WithLock(context.Background(), db, key, l.step, txlock.WithTimeout(30*time.Second),
+					txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Millisecond}))
+			})
+			require.Empty(t, errs)
+			n, overlaps := l.check(t, admin)
+			assert.Equal(t, 32, n, "lost updates")
+			assert.Zero(t, overlaps, "critical sections overlapped")
+		})
+	}
+}
+
+// fn never runs without the lock, whatever the timing of lock_timeout
+// against the release: every fn checks in pg_locks that its own backend
+// holds the key, and lock_timeout is back to its previous value.
+func TestServerWaitTimeoutRace(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	classid, objid, objsubid := txlock.PgLocksOf(key)
+	var ran atomic.Int32
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	// A holder that takes and releases the key at irregular intervals.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			release := hold(t, db, key, false)
+			time.Sleep(time.Duration(i%4) * time.Millisecond)
+			release()
+		}
+	}()
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 40 {
+				err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+					var mine int
+					var lt string
+					if err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+						AND pid = pg_backend_pid() AND classid = $1 AND objid = $2 AND objsubid = $3`,
+						int64(classid), int64(objid), objsubid).Scan(&mine); err != nil {
+						return err
+					}
+					if err := tx.QueryRowContext(ctx, `SELECT current_setting('lock_timeout')`).Scan(&lt); err != nil {
+						return err
+					}
+					if mine != 1 {
+						return errors.New("fn ran without the lock")
+					}
+					if lt != "0" {
+						return errors.New("lock_timeout left at " + lt)
+					}
+					ran.Add(1)
+					return nil
+				}, txlock.WithRetry(txlock.ServerWait{Window: time.Millisecond}), txlock.WithTimeout(20*time.Second))
+				assert.NoError(t, err)
+			}
+		}()
+	}
+	time.Sleep(10 * time.Millisecond)
+	go func() {
+		for ran.Load() < 160 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		close(stop)
+	}()
+	wg.Wait()
+	assert.Equal(t, int32(160), ran.Load())
+	// direct's cleanup checks that no advisory lock is left.
+}
+
+// Behind PgBouncer, a ServerWait waiter holds a server connection for at
+// most the window at a time: with the lock held for long, every waiter is
+// seen without a server connection between its windows.
+func TestServerWaitReleasesServerConnection(t *testing.T) {
+	db, adminURL := bouncer(t, "exec")
+	admin, err := sql.Open("pgx", adminURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	key := txlock.StringKey(uniq(t))
+	holderTx, err := db.Begin()
+	require.NoError(t, err)
+	_, err = holderTx.Exec("SELECT pg_advisory_xact_lock(" + lockArgs(key) + ")")
+	require.NoError(t, err)
+
+	const waiters = 3 // with the holder, within the 5-connection pool
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
+				txlock.WithRetry(txlock.ServerWait{Window: 20 * time.Millisecond, Pause: 60 * time.Millisecond}),
+				txlock.WithTimeout(20*time.Second)))
+		}()
+	}
+	time.Sleep(100 * time.Millisecond)
+	const samples = 40
+	linked := map[string]int{}
+	for range samples {
+		for c := range linkedClients(t, admin) {
+			linked[c]++
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	always := 0
+	for _, n := range linked {
+		if n == samples {
+			always++
+		}
+	}
+	t.Logf("%d clients seen linked, %d in all %d samples", len(linked), always, samples)
+	assert.Equal(t, 1, always, "only the holder may keep a server connection throughout")
+	assert.Greater(t, len(linked), 1, "the waiters do wait in the server")
+	require.NoError(t, holderTx.Rollback())
+	wg.Wait()
+}
+
+func TestServerWaitCancel(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, key, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithRetry(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(time.Hour))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Less(t, time.Since(start), 2*time.Second)
+
+	// The timeout option bounds the server-side wait too.
+	start = time.Now()
+	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithRetry(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(200*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestServerWaitHandoff(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+	time.AfterFunc(150*time.Millisecond, release)
+	var attempts int
+	err := txlock.WithLocks(context.Background(), db, []txlock.Key{key, txlock.StringKey(uniq(t))}, func(ctx context.Context, tx *sql.Tx) error {
+		lease, _ := txlock.LeaseFromContext(ctx)
+		attempts = lease.Attempts
+		return nil
+	}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithMaxHold(time.Second))
+	require.NoError(t, err)
+	assert.Equal(t, 1, attempts, "granted in the first window, on release")
+
+	assert.ErrorIs(t, txlock.WithLock(context.Background(), db, key, benchSelect,
+		txlock.WithRetry(txlock.ServerWait{Window: time.Microsecond})), txlock.ErrInvalidArgument)
+}
+
+// In LockTx the server-side wait runs in a savepoint: a window that expires
+// leaves the caller's transaction usable, and lock_timeout unchanged.
+func TestServerWaitLockTx(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.Exec(`SELECT set_config('lock_timeout', '7s', true)`)
+	require.NoError(t, err)
+	err = txlock.LockTx(context.Background(), tx, key, serverWait, txlock.WithTimeout(150*time.Millisecond))
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.GreaterOrEqual(t, te.Attempts, 2)
+	var lt string
+	require.NoError(t, tx.QueryRow(`SELECT current_setting('lock_timeout')`).Scan(&lt), "the caller's transaction is still usable")
+	assert.Equal(t, "7s", lt)
+
+	time.AfterFunc(100*time.Millisecond, release)
+	require.NoError(t, txlock.LockTx(context.Background(), tx, key, serverWait, txlock.WithTimeout(10*time.Second)))
+	assert.Equal(t, 1, heldBy(t, db, key))
+	require.NoError(t, tx.QueryRow(`SELECT current_setting('lock_timeout')`).Scan(&lt))
+	assert.Equal(t, "7s", lt)
+	require.NoError(t, tx.Commit())
+	assert.Zero(t, heldBy(t, db, key))
+}
+
+// Two caller transactions that take two keys in opposite orders with
+// ServerWait deadlock in the server; PostgreSQL reports it to one of them
+// as 40P01, which LockTx returns at once.
+func TestServerWaitLockTxDeadlock(t *testing.T) {
+	db := direct(t)
+	k1, k2 := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
+	opts := []txlock.Option{txlock.WithRetry(txlock.ServerWait{Window: 10 * time.Second}), txlock.WithTimeout(20 * time.Second)}
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	ready := make(chan struct{}, 2)
+	proceed := make(chan struct{})
+	for i, pair := range [][2]txlock.Key{{k1, k2}, {k2, k1}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			tx, err := db.Begin()
+			if !assert.NoError(t, err) {
+				ready <- struct{}{}
+				return
+			}
+			defer tx.Rollback()
+			assert.NoError(t, txlock.LockTx(context.Background(), tx, pair[0], opts...))
+			ready <- struct{}{}
+			<-proceed
+			errs[i] = txlock.LockTx(context.Background(), tx, pair[1], opts...)
+			if errs[i] == nil {
+				time.Sleep(50 * time.Millisecond)
+				assert.NoError(t, tx.Commit())
+			}
+		}()
+	}
+	<-ready
+	<-ready
+	start := time.Now()
+	close(proceed)
+	wg.Wait()
+	var deadlocks int
+	for _, err := range errs {
+		if err != nil {
+			assert.Equal(t, "40P01", txlock.SQLState(err), "%v", err)
+			deadlocks++
+		}
+	}
+	assert.Equal(t, 1, deadlocks, "one transaction is chosen as the victim, the other gets its lock")
+	assert.Less(t, time.Since(start), 8*time.Second, "reported by the deadlock detector, not by the timeout")
+}
