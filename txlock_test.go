@@ -850,3 +850,21 @@ func TestExtremeKeysLock(t *testing.T) {
 		}))
 	}
 }
+
+// WithTimeout bounds the first attempt too: here it cannot even get a
+// connection from the pool.
+func TestTimeoutBoundsFirstAttempt(t *testing.T) {
+	db := direct(t)
+	db.SetMaxOpenConns(1)
+	busy, err := db.Begin() // takes the pool's only connection
+	require.NoError(t, err)
+	defer busy.Rollback()
+	start := time.Now()
+	err = txlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithTimeout(200*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Zero(t, te.Attempts)
+}
