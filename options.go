@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 )
 
@@ -68,7 +69,7 @@ func WithRetry(s RetryStrategy) Option {
 		}
 		if v, ok := s.(interface{ Validate() error }); ok {
 			if err := v.Validate(); err != nil {
-				c.errs = append(c.errs, fmt.Errorf("%w: %w", ErrInvalidArgument, err))
+				c.fail("%s", strings.TrimPrefix(err.Error(), "txlock: "))
 			}
 		}
 		c.retry = s

@@ -43,6 +43,13 @@ var (
 	// transaction was rolled back.
 	ErrHoldTimeout = errors.New("txlock: lock held past its WithMaxHold bound; transaction rolled back")
 
+	// ErrCommitFailed: fn succeeded, but committing its transaction failed.
+	// A server error (a deferred constraint, a serialization failure) means
+	// nothing was committed; a broken connection or an ended context during
+	// COMMIT leaves the outcome unknown. The cause stays reachable with
+	// errors.Is and errors.As.
+	ErrCommitFailed = errors.New("txlock: commit failed")
+
 	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, or an
 	// invalid Option. Nothing was sent to the database.
 	ErrInvalidArgument = errors.New("txlock: invalid argument")
@@ -516,7 +523,11 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 		txCancel(nil)
 		return out, err
 	}
-	r.h = holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
+	// Once the deadline is unbound, txCtx ends only with ctx (or when fn is
+	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
+	// the driver then has no context to watch around each of fn's
+	// statements.
+	r.h = holder{tx: tx, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
 	if c.maxHold > 0 {
 		fnCtx, cancelHold := context.WithTimeoutCause(txCtx, c.maxHold, ErrHoldTimeout)
 		r.h.fnCtx = fnCtx
@@ -569,7 +580,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) err
 		if h.txCtx.Err() != nil && !errors.Is(err, sql.ErrTxDone) {
 			// The context ended as Commit ran: database/sql refused to
 			// commit, or the driver cut the COMMIT off mid-flight.
-			return fmt.Errorf("txlock: commit interrupted as the transaction's context ended, and may not have taken effect: %w: %w", context.Cause(h.fnCtx), err)
+			return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", ErrCommitFailed, context.Cause(h.fnCtx), err)
 		}
 		if errors.Is(err, sql.ErrTxDone) {
 			if h.txCtx.Err() != nil {
@@ -577,7 +588,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) err
 			}
 			return ErrTxDone
 		}
-		return fmt.Errorf("txlock: commit: %w", err)
+		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
 	}
 	return nil
 }
@@ -641,16 +652,21 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 //	  WHEN pg_try_advisory_xact_lock(k1) AND pg_try_advisory_xact_lock(k2) ... THEN 1
 //	  ELSE 0 END)
 //
-// With a hold bound, the granted branch also sets
+// With a hold bound, a branch before the locks sets
 // idle_in_transaction_session_timeout with set_config(…, true), which lasts
-// until the transaction ends.
+// until the transaction ends. It comes first so that it covers every
+// attempt: a partial grant of several keys, too, holds a lock until the
+// attempt's rollback arrives, and a client frozen or cut off before sending
+// it must not keep that lock past the bound.
 func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
 	fn := "pg_try_advisory_xact_lock("
 	if shared {
 		fn = "pg_try_advisory_xact_lock_shared("
 	}
 	b := make([]byte, 0, 128+len(keys)*(len(fn)+48))
-	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2 WHEN "...)
+	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
+	b = appendHoldBound(b, maxHold)
+	b = append(b, " WHEN "...)
 	for i, k := range keys {
 		if i > 0 {
 			b = append(b, " AND "...)
@@ -658,11 +674,6 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
 		b = append(b, fn...)
 		b = appendSQLArgs(b, k)
 		b = append(b, ')')
-	}
-	if maxHold > 0 {
-		b = append(b, " AND set_config('idle_in_transaction_session_timeout', '"...)
-		b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
-		b = append(b, "', true) IS NOT NULL"...)
 	}
 	b = append(b, " THEN 1 ELSE 0 END)"...)
 	return string(b)
@@ -698,8 +709,9 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 		fn = "pg_advisory_xact_lock_shared("
 	}
 	b := make([]byte, 0, 384+len(keys)*(len(fn)+64))
-	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
-		" WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+
+	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
+	b = appendHoldBound(b, maxHold)
+	b = append(b, " WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+
 		" WHEN set_config('lock_timeout', '"...)
 	b = strconv.AppendInt(b, ceilMillis(window), 10)
 	b = append(b, "', true) IS NULL THEN 0"...)
@@ -709,13 +721,20 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 		b = appendSQLArgs(b, k)
 		b = append(b, ")::text IS NULL THEN 0"...)
 	}
-	if maxHold > 0 {
-		b = append(b, " WHEN set_config('idle_in_transaction_session_timeout', '"...)
-		b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
-		b = append(b, "', true) IS NULL THEN 0"...)
-	}
 	b = append(b, " WHEN set_config('lock_timeout', current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0 ELSE 1 END)"...)
 	return string(b)
+}
+
+// appendHoldBound appends, for a hold bound, the CASE branch that sets
+// idle_in_transaction_session_timeout for the transaction (set_config
+// returns the value, never NULL, so the branch is never taken).
+func appendHoldBound(b []byte, maxHold time.Duration) []byte {
+	if maxHold <= 0 {
+		return b
+	}
+	b = append(b, " WHEN set_config('idle_in_transaction_session_timeout', '"...)
+	b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
+	return append(b, "', true) IS NULL THEN 0"...)
 }
 
 // ceilMillis is d in whole milliseconds, rounded up.

@@ -1,0 +1,149 @@
+package reliability_test
+
+import (
+	"context"
+	"database/sql"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock/internal/checker"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+// TestLoad runs 64 workers on 8 keys, directly and through PgBouncer in
+// transaction mode with a 5-connection pool (fewer server connections than
+// workers: waiters must give theirs back, or the pool deadlocks). The CI
+// form makes 1,000 acquisitions per path; TXLOCK_LOAD=20000 makes the full
+// one.
+func TestLoad(t *testing.T) {
+	target := loadTarget(t)
+	for _, path := range []string{"direct", "pgbouncer"} {
+		t.Run(path, func(t *testing.T) {
+			pg := pgtest.Postgres(t)
+			dsn := pg
+			if path == "pgbouncer" {
+				u, _ := pgtest.PgBouncer(t)
+				dsn = bouncerDSN(u)
+			}
+			leaks := newLeaks()
+			admin := pool(t, pg, 4)
+			db := pool(t, dsn, workers)
+			l := newLedger(t, admin, checker.Config{Keys: keys})
+
+			run := l.Start(db, workers, target)
+			// The invariant holds in every snapshot, mid-run too.
+			time.Sleep(500 * time.Millisecond)
+			check(t, l, "mid-run")
+			s := run.Wait()
+			t.Logf("%s: %v", path, s)
+			assert.Zero(t, s.Failures, "failures: %v", s.Samples)
+			rep := check(t, l, "after the run", s)
+			assert.EqualValues(t, s.Acquisitions, rep.Sections)
+			assert.GreaterOrEqual(t, s.Acquisitions, target)
+			finish(t, l, leaks, admin, db)
+			figures(t, "path=%s workers=%d keys=%d acquisitions=%d duration=%v failures=%d overlaps=%d lost=%d",
+				path, workers, keys, s.Acquisitions, s.Duration.Round(time.Millisecond), s.Failures, rep.Overlaps, rep.LostUpdates())
+		})
+	}
+}
+
+// TestControl runs the same workload without the lock, and shows that the
+// checks catch what the lock prevents: overlapping sections and lost
+// updates. A checker that cannot fail would prove nothing.
+func TestControl(t *testing.T) {
+	pg := pgtest.Postgres(t)
+	leaks := newLeaks()
+	admin := pool(t, pg, 4)
+	db := pool(t, pg, 16)
+	l := newLedger(t, admin, checker.Config{Keys: 2, Sleep: 2 * time.Millisecond, Lock: checker.Unlocked()})
+	s := l.Start(db, 16, 400).Wait()
+	require.Zero(t, s.Failures, "%v", s.Samples)
+	rep, err := l.Check(context.Background(), s)
+	require.NoError(t, err)
+	t.Logf("without the lock: %v", rep)
+	assert.NotZero(t, rep.Overlaps, "the checker must see overlapping sections")
+	assert.NotZero(t, rep.DupVersions, "the checker must see lost updates")
+	assert.NotZero(t, rep.ChainBreaks)
+	assert.False(t, rep.Clean())
+	finish(t, l, leaks, admin, db)
+}
+
+// TestSoak runs for TXLOCK_SOAK (for example 10m): 64 workers, half directly
+// and half through PgBouncer, on one ledger, while a holder's backend is
+// terminated every few seconds. The invariant is checked every 30 seconds
+// and at the end.
+func TestSoak(t *testing.T) {
+	v := os.Getenv(soakEnv)
+	if v == "" {
+		t.Skipf("the soak runs only when %s is set to a duration, e.g. %s=10m", soakEnv, soakEnv)
+	}
+	d, err := time.ParseDuration(v)
+	require.NoError(t, err, "%s must be a duration", soakEnv)
+	pg := pgtest.Postgres(t)
+	bu, _ := pgtest.PgBouncer(t)
+	leaks := newLeaks()
+	admin := pool(t, pg, 4)
+	direct := pool(t, pg, workers/2)
+	pooled := pool(t, bouncerDSN(bu), workers/2)
+	l := newLedger(t, admin, checker.Config{Keys: keys})
+	runs := []*checker.Run{l.Start(direct, workers/2, 0), l.Start(pooled, workers/2, 0)}
+
+	ctx := context.Background()
+	terminations, checks := 0, 0
+	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
+	end := time.Now().Add(d)
+	nextCheck := time.Now().Add(30 * time.Second)
+	for time.Now().Before(end) {
+		time.Sleep(time.Duration(2000+rng.IntN(3000)) * time.Millisecond)
+		if terminateHolder(t, ctx, admin, rng) {
+			terminations++
+		}
+		if time.Now().After(nextCheck) {
+			check(t, l, "during the soak")
+			checks++
+			nextCheck = time.Now().Add(30 * time.Second)
+		}
+	}
+	var sums []checker.Summary
+	var acq, fails int64
+	for _, r := range runs {
+		s := r.Stop()
+		t.Logf("soak run: %v", s)
+		requireOnly(t, s, checker.ClassShutdown, checker.ClassNetwork, checker.ClassConnection)
+		sums = append(sums, s)
+		acq += s.Acquisitions
+		fails += s.Failures
+	}
+	rep := check(t, l, "after the soak", sums...)
+	finish(t, l, leaks, admin, direct, pooled)
+	figures(t, "duration=%v workers=%d keys=%d acquisitions=%d terminations=%d failures=%d checks=%d overlaps=%d lost=%d phantoms=%d vanished=%d",
+		d, workers, keys, acq, terminations, fails, checks+1, rep.Overlaps, rep.LostUpdates(), rep.Phantoms, rep.Vanished)
+}
+
+// terminateHolder terminates the backend of one current holder of an
+// advisory lock, and reports whether there was one.
+func terminateHolder(t testing.TB, ctx context.Context, admin *sql.DB, rng *rand.Rand) bool {
+	t.Helper()
+	rows, err := admin.QueryContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	require.NoError(t, err)
+	var pids []int
+	for rows.Next() {
+		var pid int
+		require.NoError(t, rows.Scan(&pid))
+		pids = append(pids, pid)
+	}
+	require.NoError(t, rows.Err())
+	rows.Close()
+	if len(pids) == 0 {
+		return false
+	}
+	var ok bool
+	require.NoError(t, admin.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, pids[rng.IntN(len(pids))]).Scan(&ok))
+	return ok
+}

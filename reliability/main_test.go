@@ -1,0 +1,147 @@
+// Package reliability_test proves txlock's guarantees the way the README's
+// "Reliability" section reports them: a racy ledger workload (package
+// internal/checker) runs under load and while faults are injected, and SQL
+// checks count overlapping critical sections, lost updates and leaks.
+package reliability_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/txlock/txlock/internal/checker"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(holderEnv) != "" {
+		os.Exit(holderMain())
+	}
+	os.Exit(pgtest.Main(m))
+}
+
+// Environment variables of the long forms.
+const (
+	// loadEnv sets the acquisitions of TestLoad (default ciLoad).
+	loadEnv = "TXLOCK_LOAD"
+	// soakEnv enables TestSoak and sets its duration, e.g. "10m".
+	soakEnv = "TXLOCK_SOAK"
+)
+
+const (
+	workers = 64
+	keys    = 8
+	ciLoad  = 1000 // acquisitions of the CI form of TestLoad, per path
+)
+
+// loadTarget returns the acquisitions TestLoad makes.
+func loadTarget(t *testing.T) int64 {
+	s := os.Getenv(loadEnv)
+	if s == "" {
+		return ciLoad
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	require.NoError(t, err, "%s must be a number of acquisitions", loadEnv)
+	return n
+}
+
+// pool opens a pool on dsn sized for n concurrent callers. The caller
+// closes it (checker.Leaks.RequireNone does).
+func pool(t testing.TB, dsn string, n int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(n)
+	db.SetMaxIdleConns(n)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// bouncerDSN selects the pgx exec mode PgBouncer 1.18 needs.
+func bouncerDSN(u string) string { return u + "&default_query_exec_mode=exec" }
+
+// hostPort returns the host:port of a connection URL.
+func hostPort(t testing.TB, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	return u.Host
+}
+
+// withHostPort returns dsn pointed at addr instead.
+func withHostPort(t testing.TB, dsn, addr string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	require.NoError(t, err)
+	u.Host = addr
+	return u.String()
+}
+
+// newLedger creates a ledger through admin, dropped when the test ends.
+func newLedger(t testing.TB, admin *sql.DB, cfg checker.Config) *checker.Ledger {
+	t.Helper()
+	l, err := checker.New(context.Background(), admin, cfg)
+	require.NoError(t, err)
+	return l
+}
+
+// check runs the invariant checks and fails t unless all hold.
+func check(t testing.TB, l *checker.Ledger, when string, runs ...checker.Summary) checker.Report {
+	t.Helper()
+	var rep checker.Report
+	var err error
+	// The admin pool may hold connections broken by a fault: retry.
+	for range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		rep, err = l.Check(ctx, runs...)
+		cancel()
+		if err == nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	require.NoError(t, err, "checking %s", when)
+	t.Logf("check %s: %v", when, rep)
+	require.True(t, rep.Clean(), "invariant broken %s: %v", when, rep)
+	return rep
+}
+
+// figures logs a line the README's Reliability table is built from.
+func figures(t testing.TB, format string, args ...any) {
+	t.Helper()
+	t.Logf("FIGURES %s: %s", t.Name(), fmt.Sprintf(format, args...))
+}
+
+// requireOnly fails t if the run saw failures outside the allowed classes.
+func requireOnly(t testing.TB, s checker.Summary, allowed ...string) {
+	t.Helper()
+	require.Empty(t, s.Unexpected(allowed...), "failures the fault does not explain (allowed: %v)", allowed)
+}
+
+// newLeaks snapshots the goroutines now running. The goroutines that watch
+// server processes the test restarts are not leaks of the code under test.
+func newLeaks(ignore ...goleak.Option) *checker.Leaks {
+	return checker.NewLeaks(append(ignore, goleak.IgnoreAnyFunction("github.com/txlock/txlock/internal/pgtest.startProcess.func1"))...)
+}
+
+// finish drops the ledger (if any), then checks that nothing leaked.
+func finish(t testing.TB, l *checker.Ledger, leaks *checker.Leaks, admin *sql.DB, pools ...*sql.DB) {
+	t.Helper()
+	for _, db := range pools {
+		require.NoError(t, checker.PoolIdle(db, 10*time.Second))
+	}
+	require.NoError(t, checker.NoAdvisoryLocks(admin, 10*time.Second))
+	if l != nil {
+		require.NoError(t, l.Drop(context.Background()))
+	}
+	leaks.RequireNone(t, admin, pools...)
+}
