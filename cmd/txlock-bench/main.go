@@ -60,7 +60,7 @@ func main() {
 	flag.BoolVar(&o.quick, "quick", false, "short runs and fewer PgBouncer combinations (under 2 minutes)")
 	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per measurement instead of the markdown table")
 	flag.StringVar(&o.svgPath, "svg", "txlock-bench.svg", "write the contention chart here (empty: none)")
-	flag.DurationVar(&o.dur, "d", 0, "measured time per implementation and configuration (default 3s, 600ms with -quick)")
+	flag.DurationVar(&o.dur, "d", 0, "measured time per implementation and configuration (default 3s, 400ms with -quick)")
 	flag.IntVar(&o.rounds, "rounds", 0, "split each measurement into this many interleaved rounds (default 3, 2 with -quick)")
 	flag.IntVar(&o.pool, "pool", 20, "PgBouncer default_pool_size of the throwaway PgBouncer")
 	flag.StringVar(&o.only, "only", "", "run only scenarios whose name contains this")
@@ -72,7 +72,7 @@ func main() {
 	if o.dur == 0 {
 		o.dur = 3 * time.Second
 		if o.quick {
-			o.dur = 600 * time.Millisecond
+			o.dur = 400 * time.Millisecond
 		}
 	}
 	if o.rounds == 0 {
