@@ -68,7 +68,7 @@
 // # Errors
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
-// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrInvalidArgument,
+// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed, ErrInvalidArgument,
 // ErrInvalidKey, ErrNoToken, ErrStaleToken (a *StaleTokenError) and
 // ErrRowNotFound are matched with errors.Is. Errors from fn are returned as
 // they are, and SQLState reads a PostgreSQL error code from any of them

@@ -81,8 +81,12 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 //
 // The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB) of
 // at least two connections: a *sql.Conn, or a pool limited to one
-// connection, gets ErrNoToken rather than a deadlock. A token is never
-// issued to a fn that does not hold its lock (ErrNoToken).
+// connection, gets ErrNoToken rather than a deadlock, and so does a draw
+// that lands on the lock's own session. Size the pool above the number of
+// holders that draw at once: each waits for a free connection, bounded only
+// by fn's context (set WithMaxHold, or a deadline). A token is never issued
+// to a fn that does not hold its lock, or after fn has returned
+// (ErrNoToken).
 //
 // Behind PgBouncer 1.18, the draw is an ordinary query: use one of the
 // default_query_exec_mode settings the README names. Surviving a failover
@@ -95,6 +99,8 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 		return 0, fmt.Errorf("%w: ctx does not come from a WithLock fn", ErrNoToken)
 	case !st.lease.Held:
 		return 0, fmt.Errorf("%w: fn runs without the lock (fail-open)", ErrNoToken)
+	case st.ended.Load():
+		return 0, fmt.Errorf("%w: fn has returned, and its lock with it", ErrNoToken)
 	}
 	seq, err := f.sequence()
 	if err != nil {
@@ -111,16 +117,22 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	}
 	var token int64
 	var xid string
-	err = pool.QueryRowContext(ctx, `SELECT nextval(`+quoteLiteral(seq)+`::regclass), pg_current_xact_id()::text,
+	var drawPID, lockPID int
+	err = pool.QueryRowContext(ctx, `SELECT nextval(`+quoteLiteral(seq)+`::regclass), pg_current_xact_id()::text, pg_backend_pid(),
 		set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
-			THEN 'on' ELSE current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, new(string))
+			THEN 'on' ELSE current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, &drawPID, new(string))
 	if err != nil {
 		return 0, fmt.Errorf("txlock: drawing a fencing token from %s: %w", seq, err)
 	}
 	// The lock's transaction must still be alive: then the lock was held
-	// without a break from the grant until after the draw.
-	if _, err := st.tx.ExecContext(ctx, "SELECT 1"); err != nil {
+	// without a break from the grant until after the draw. It must also be
+	// another session than the draw's, or the draw ran inside the
+	// uncommitted lock transaction (a db that wraps one connection).
+	if err := st.tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&lockPID); err != nil {
 		return 0, fmt.Errorf("%w: the lock's transaction ended before the token could be confirmed: %w", ErrNoToken, err)
+	}
+	if drawPID == lockPID {
+		return 0, fmt.Errorf("%w: the token was drawn on the lock's own connection (%T wraps a single connection?); give WithLock a pool", ErrNoToken, st.db)
 	}
 	if st.tokens == nil {
 		st.tokens = map[string]int64{}
@@ -409,6 +421,8 @@ func qualified(what, schema, name string) (string, error) {
 	return s + "." + n, nil
 }
 
+// quoteLiteral quotes s as an escape string literal (E'…'), which reads the
+// same whatever standard_conforming_strings says.
 func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
 }

@@ -577,3 +577,37 @@ func TestNaiveTokenHazard(t *testing.T) {
 	require.Eventually(t, func() bool { return db.QueryRow(`SELECT nextval('naive')`).Scan(&again) == nil }, 10*time.Second, 50*time.Millisecond)
 	t.Logf("uncommitted nextval %d before the crash, %d after (re-issued: %v)", first, again, again <= first)
 }
+
+// connWrapper hides a single *sql.Conn behind a type the package cannot
+// recognise, as an application's wrapper might.
+type connWrapper struct{ *sql.Conn }
+
+// A token drawn on the lock's own session would be part of the uncommitted
+// lock transaction: refused. And a fn's context outlives fn: neither Held
+// nor a token may be had from it afterwards.
+func TestFenceTokenSessionAndAfterFn(t *testing.T) {
+	db := direct(t)
+	stockTable(t, db)
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	key := txlock.StringKey(uniq(t))
+	require.NoError(t, txlock.WithLock(ctx, connWrapper{conn}, key, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := txlock.FenceToken(ctx)
+		assert.ErrorIs(t, err, txlock.ErrNoToken)
+		assert.ErrorContains(t, err, "lock's own connection")
+		return nil
+	}))
+
+	var kept context.Context
+	require.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+		kept = ctx
+		assert.True(t, txlock.Held(ctx))
+		_, err := txlock.FenceToken(ctx)
+		return err
+	}))
+	assert.False(t, txlock.Held(kept), "the lock is gone once fn has returned")
+	_, err = txlock.FenceToken(kept)
+	assert.ErrorIs(t, err, txlock.ErrNoToken)
+}

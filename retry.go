@@ -155,6 +155,14 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // an error whose SQLState is 40P01 (after PostgreSQL's deadlock_timeout,
 // 1s by default), rather than by both waiting out their timeouts.
 //
+// With several keys (WithLocks), lock_timeout bounds the wait for each key,
+// so one attempt can wait up to Window per key; the wait's deadline still
+// ends it. Under RepeatableRead or Serializable the transaction's snapshot
+// is taken when the attempt starts, before its wait in the server, so a
+// holder that commits during the wait is invisible to fn; WithLock re-runs
+// fn when PostgreSQL reports the conflict as 40001, but prefer ReadCommitted
+// with ServerWait.
+//
 // TryWithLock, TryWithLocks and TryLockTx never wait in the server. The
 // zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.
 type ServerWait struct {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -100,6 +101,8 @@ type lockState struct {
 	db    Beginner // where the lock was taken: tokens are drawn there
 	tx    *sql.Tx  // the lock's transaction
 
+	ended atomic.Bool // fn has returned: the lock is gone, or going
+
 	mu     sync.Mutex
 	tokens map[string]int64 // drawn fencing tokens, by sequence
 }
@@ -122,10 +125,14 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 }
 
 // Held reports whether ctx belongs to a fn that holds its lock. It is false
-// outside fn, and inside fn when WithFailOpen ran it without the lock.
+// outside fn, inside fn when WithFailOpen ran it without the lock, once the
+// context has ended (the transaction, and with it the lock, is then being
+// rolled back), and after fn has returned. It is advisory: a lock can also
+// be lost to a dead session without the client knowing; guard writes that
+// leave the transaction with fencing tokens.
 func Held(ctx context.Context) bool {
 	st, ok := stateFrom(ctx)
-	return ok && st.lease.Held
+	return ok && st.lease.Held && !st.ended.Load() && ctx.Err() == nil
 }
 
 // WithLock takes the exclusive transaction-scoped advisory lock key, then runs
@@ -144,7 +151,9 @@ func Held(ctx context.Context) bool {
 // Once the lock is granted, fn runs with the transaction:
 //   - fn returns nil: the transaction commits, and a commit error is returned;
 //   - fn returns an error: the transaction rolls back, and that error is
-//     returned as is;
+//     returned (joined with ErrTxDone or ErrHoldTimeout if fn also ended the
+//     transaction itself or outlived WithMaxHold; errors.Is and errors.As
+//     still find it);
 //   - fn panics: the transaction rolls back, and the panic continues.
 //
 // The lock is released by that commit or rollback, and no sooner, so every
@@ -329,6 +338,7 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 	for round := 0; ; round++ {
 		r.st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
 		r.st.tokens = nil
+		r.st.ended.Store(false)
 		err := c.wait(ctx, &r.st.lease, try, r)
 		if err != nil {
 			if errors.Is(err, errBusy) {
@@ -410,7 +420,10 @@ func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) 
 		}
 		out, err := a.attempt(ctx, waitCtx, deadline, w)
 		if err != nil {
-			if !try && (ctx.Err() != nil || !time.Now().Before(deadline)) {
+			// Only the wait's own end is a timeout: a connection error
+			// that happens to arrive after the deadline stays what it is
+			// (and never triggers WithFailOpen).
+			if !try && (ctx.Err() != nil || !time.Now().Before(deadline) && isContextErr(err)) {
 				return timeout()
 			}
 			return err
@@ -436,6 +449,12 @@ func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) 
 			return timeout()
 		}
 	}
+}
+
+// isContextErr reports an error caused by a context ending: how an attempt
+// cut off by the wait's deadline fails.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // holder is a granted lock: its transaction and the contexts bound to it.
@@ -481,6 +500,11 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 				return busy, fmt.Errorf("txlock: begin: %w", err)
 			}
 			out, err := attemptIn(ctx, tx, stmt)
+			if err == nil && out == granted && ctx.Err() != nil {
+				// ctx ended as the lock was granted: database/sql is
+				// rolling the transaction back, and fn must not start.
+				out, err = busy, ctx.Err()
+			}
 			if err != nil || out != granted {
 				_ = tx.Rollback()
 				return out, err
@@ -512,9 +536,9 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
 	out, err := attemptIn(txCtx, tx, stmt)
-	if err == nil && out == granted && !unbind() {
-		// The deadline fired as the lock was granted; the transaction is
-		// being rolled back, and fn must not run.
+	if err == nil && out == granted && (!unbind() || txCtx.Err() != nil) {
+		// The deadline fired, or ctx ended, as the lock was granted; the
+		// transaction is being rolled back, and fn must not start.
 		out, err = busy, context.DeadlineExceeded
 	}
 	if err != nil || out != granted {
@@ -555,6 +579,7 @@ func attemptIn(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 // run runs fn in the holder's transaction and commits or rolls back.
 func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) error {
 	defer h.release()
+	defer st.ended.Store(true)
 	done := false
 	defer func() {
 		if !done { // fn panicked: roll back, and let the panic continue.
