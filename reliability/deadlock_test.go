@@ -66,12 +66,7 @@ func crossLock(t *testing.T, db *sql.DB, opts ...txlock.Option) (errs [2]error, 
 func TestDeadlock(t *testing.T) {
 	for _, path := range []string{"direct", "pgbouncer"} {
 		t.Run(path, func(t *testing.T) {
-			pg := pgtest.Postgres(t)
-			dsn := pg
-			if path == "pgbouncer" {
-				u, _ := pgtest.PgBouncer(t)
-				dsn = bouncerDSN(u)
-			}
+			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 2)
 			db := pool(t, dsn, 4)

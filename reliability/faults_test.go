@@ -27,12 +27,7 @@ var connectionFaults = []string{checker.ClassShutdown, checker.ClassNetwork, che
 func TestFaultTerminateBackend(t *testing.T) {
 	for _, path := range []string{"direct", "pgbouncer"} {
 		t.Run(path, func(t *testing.T) {
-			pg := pgtest.Postgres(t)
-			dsn := pg
-			if path == "pgbouncer" {
-				u, _ := pgtest.PgBouncer(t)
-				dsn = bouncerDSN(u)
-			}
+			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 4)
 			db := pool(t, dsn, workers)

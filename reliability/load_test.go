@@ -24,12 +24,7 @@ func TestLoad(t *testing.T) {
 	target := loadTarget(t)
 	for _, path := range []string{"direct", "pgbouncer"} {
 		t.Run(path, func(t *testing.T) {
-			pg := pgtest.Postgres(t)
-			dsn := pg
-			if path == "pgbouncer" {
-				u, _ := pgtest.PgBouncer(t)
-				dsn = bouncerDSN(u)
-			}
+			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 4)
 			db := pool(t, dsn, workers)

@@ -69,6 +69,18 @@ func pool(t testing.TB, dsn string, n int) *sql.DB {
 // bouncerDSN selects the pgx exec mode PgBouncer 1.18 needs.
 func bouncerDSN(u string) string { return u + "&default_query_exec_mode=exec" }
 
+// paths returns the direct PostgreSQL URL, and the URL a workload on path
+// ("direct" or "pgbouncer") connects to.
+func paths(t testing.TB, path string) (pg, dsn string) {
+	t.Helper()
+	pg = pgtest.Postgres(t)
+	if path != "pgbouncer" {
+		return pg, pg
+	}
+	u, _ := pgtest.PgBouncer(t)
+	return pg, bouncerDSN(u)
+}
+
 // hostPort returns the host:port of a connection URL.
 func hostPort(t testing.TB, dsn string) string {
 	t.Helper()

@@ -18,7 +18,6 @@ import (
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/checker"
-	"github.com/txlock/txlock/internal/pgtest"
 )
 
 // holderEnv makes the test binary, re-executed by TestFaultSIGSTOP, act as a
@@ -71,12 +70,7 @@ func TestFaultSIGSTOP(t *testing.T) {
 	const bound = time.Second
 	for _, path := range []string{"direct", "pgbouncer"} {
 		t.Run(path, func(t *testing.T) {
-			pg := pgtest.Postgres(t)
-			dsn := pg
-			if path == "pgbouncer" {
-				u, _ := pgtest.PgBouncer(t)
-				dsn = bouncerDSN(u)
-			}
+			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 2)
 			db := pool(t, dsn, 2)
