@@ -143,7 +143,8 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 
 // CreateSequence creates the Fencer's sequence if it does not exist. The
 // sequence is a bigint with CACHE 1 (a per-session cache would hand out
-// numbers out of order) and NO CYCLE.
+// numbers out of order) and NO CYCLE. An existing sequence with a larger
+// CACHE is reported as an error matching ErrInvalidArgument.
 func (f Fencer) CreateSequence(ctx context.Context, db interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }) error {
@@ -154,8 +155,16 @@ func (f Fencer) CreateSequence(ctx context.Context, db interface {
 	if isNil(db) {
 		return fmt.Errorf("%w: db is nil", ErrInvalidArgument)
 	}
-	if _, err := db.ExecContext(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint CACHE 1 NO CYCLE`); err != nil {
+	// One statement: behind PgBouncer the two parts must not land on
+	// different server connections. A sequence that already existed with a
+	// per-session cache would hand out tokens out of order: refuse it.
+	res, err := db.ExecContext(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint CACHE 1 NO CYCLE;
+		SELECT 1 FROM pg_sequence WHERE seqrelid = `+quoteLiteral(seq)+`::regclass AND seqcache > 1`)
+	if err != nil {
 		return fmt.Errorf("txlock: creating fencing sequence %s: %w", seq, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n > 0 {
+		return fmt.Errorf("%w: fencing sequence %s exists with a CACHE above 1, which hands out tokens out of order; ALTER SEQUENCE %s CACHE 1", ErrInvalidArgument, seq, seq)
 	}
 	return nil
 }

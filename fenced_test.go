@@ -525,6 +525,13 @@ func TestFenceMigrationFile(t *testing.T) {
 	f := txlock.Fencer{Schema: "fencing", Sequence: "tokens"}
 	require.NoError(t, f.CreateSequence(context.Background(), db))
 	require.NoError(t, f.CreateSequence(context.Background(), db))
+
+	// A sequence made by hand with a per-session cache is refused.
+	_, err = db.Exec(`CREATE SEQUENCE IF NOT EXISTS fencing.cached CACHE 20`)
+	require.NoError(t, err)
+	err = txlock.Fencer{Schema: "fencing", Sequence: "cached"}.CreateSequence(context.Background(), db)
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "CACHE above 1")
 	require.NoError(t, txlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
 		tok, err := f.Token(ctx)
 		assert.Positive(t, tok)
