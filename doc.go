@@ -19,7 +19,9 @@
 // A busy lock is not waited for inside the server. The attempt's transaction
 // rolls back at once, returning its connection to the pool, and WithLock
 // sleeps (exponential backoff with full jitter by default; see RetryStrategy)
-// before the next attempt. Waiters therefore hold no connection between
+// before the next attempt; goroutines of one process that wait for the same
+// key queue locally, so only one of them polls and the lock passes between
+// them without a sleep. Waiters therefore hold no connection between
 // attempts, which is what lets many of them wait behind a small PgBouncer
 // pool in transaction mode. The wait ends at the earlier of the context's
 // deadline and WithTimeout (DefaultTimeout). WithRetry(ServerWait{…}) waits

@@ -9,3 +9,10 @@ var LockStatement = lockStatement
 // QuoteIdent exposes quoteIdent to the external tests.
 var QuoteIdent = quoteIdent
 var WaitStatement = waitStatement
+
+// Gates reports how many local queues exist.
+func Gates() int {
+	gates.Lock()
+	defer gates.Unlock()
+	return len(gates.m)
+}

@@ -143,7 +143,12 @@ func Held(ctx context.Context) bool {
 // busy, the transaction is rolled back at once, which returns its connection
 // to the pool (and, behind PgBouncer in transaction mode, its server
 // connection), and WithLock sleeps as the retry strategy says before trying
-// again. With WithRetry(ServerWait{…}) an attempt waits for the lock in the
+// again. Callers in this process that wait for the same keys on the same
+// db queue behind each other locally, in FIFO order: only the first polls,
+// and when it is done the next tries at once, so the lock passes between
+// goroutines of one process with no sleep in between and the database sees
+// one poller per key per process. Waiting in that queue holds no connection
+// either. With WithRetry(ServerWait{…}) an attempt waits for the lock in the
 // server's queue for a bounded window instead (see ServerWait). The wait
 // ends at the earlier of the context's deadline and the WithTimeout option
 // (DefaultTimeout): the error then matches ErrLockTimeout.
@@ -306,9 +311,42 @@ type runner struct {
 	c    *config
 	db   Beginner
 	stmt string
-	st   lockState // the lease, and what fn's context carries
-	one  [1]Key
-	h    holder
+	// gateID names the local queue of this call's keys (zero if it does
+	// not queue: shared locks, try, ServerWait, a db handle that cannot be
+	// a map key); gate is held while the call has the turn.
+	gateID gateKey
+	gate   *gate
+	st     lockState // the lease, and what fn's context carries
+	one    [1]Key
+	h      holder
+}
+
+// enqueue implements queuer.
+func (r *runner) enqueue(waitCtx context.Context) (queued, turn bool) {
+	if r.gateID.db == nil || r.gate != nil {
+		return false, false
+	}
+	g, ok := enterGate(waitCtx, r.gateID)
+	r.gate = g
+	return true, ok
+}
+
+// queueFirst implements queuer.
+func (r *runner) queueFirst() bool {
+	if r.gateID.db == nil {
+		return false
+	}
+	gates.Lock()
+	defer gates.Unlock()
+	return gates.m[r.gateID] != nil
+}
+
+// leaveGate gives up the call's turn in its local queue, if it has one.
+func (r *runner) leaveGate() {
+	if r.gate != nil {
+		leaveGate(r.gateID, r.gate, true)
+		r.gate = nil
+	}
 }
 
 // run is the loop behind WithLock, WithLocks, TryWithLock and TryWithLocks.
@@ -335,12 +373,17 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 		return false, err
 	}
 	r.stmt = lockStatement(keys, c.shared, c.maxHold)
+	if !try && !c.shared && c.window == 0 && reflect.TypeOf(db).Comparable() {
+		r.gateID = gateKey{db: db, stmt: r.stmt}
+	}
+	defer r.leaveGate()
 	for round := 0; ; round++ {
 		r.st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
 		r.st.tokens = nil
 		r.st.ended.Store(false)
 		err := c.wait(ctx, &r.st.lease, try, r)
 		if err != nil {
+			r.leaveGate()
 			if errors.Is(err, errBusy) {
 				return false, nil
 			}
@@ -354,6 +397,7 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 		}
 		r.st.db, r.st.tx = db, r.h.tx
 		err = r.h.run(fn, &r.st)
+		r.leaveGate()
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
 				return true, err
@@ -405,6 +449,14 @@ func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) 
 	}
 	deadline := start.Add(c.timeout)
 	var waitCtx context.Context
+	if q, ok := a.(queuer); ok && !try && q.queueFirst() {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+		if _, turn := q.enqueue(waitCtx); !turn {
+			return timeout()
+		}
+	}
 	window := c.window
 	if try {
 		window = 0
@@ -439,13 +491,24 @@ func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) 
 		if try {
 			return errBusy
 		}
+		d := c.retry.Backoff(lease.Attempts)
+		if d < 0 {
+			return timeout()
+		}
 		if waitCtx == nil {
 			var cancel context.CancelFunc
 			waitCtx, cancel = context.WithDeadline(ctx, deadline)
 			defer cancel()
+			if q, ok := a.(queuer); ok {
+				if queued, turn := q.enqueue(waitCtx); queued {
+					if !turn {
+						return timeout()
+					}
+					continue // our turn: the local holder, if any, just let go
+				}
+			}
 		}
-		d := c.retry.Backoff(lease.Attempts)
-		if d < 0 || !sleep(waitCtx, d) {
+		if !sleep(waitCtx, d) {
 			return timeout()
 		}
 	}
@@ -455,6 +518,77 @@ func (c *config) wait(ctx context.Context, lease *Lease, try bool, a attempter) 
 // cut off by the wait's deadline fails.
 func isContextErr(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// queuer is an attempter that can queue, in this process, behind the other
+// callers that wait for the same keys: enqueue reports whether it queued,
+// and whether it then got its turn before waitCtx ended.
+type queuer interface {
+	enqueue(waitCtx context.Context) (queued, turn bool)
+	// queueFirst reports that others are already queued for the same keys:
+	// the call then joins the queue before its first attempt instead of
+	// overtaking them.
+	queueFirst() bool
+}
+
+// gates are the local queues of WithLock calls that wait for the same keys
+// in this process: only the caller at the head of a queue polls the
+// database, and it keeps its turn while it holds the lock. When it is done,
+// the next caller tries at once, so the lock passes between goroutines of
+// one process without a sleep, in FIFO order, and the database sees one
+// poller per key per process instead of one per goroutine. Waiting in a
+// gate holds no connection. Other processes still compete by polling.
+var gates struct {
+	sync.Mutex
+	m map[gateKey]*gate
+}
+
+// gateKey names a local queue: the same keys (the same lock statement) on
+// the same database handle.
+type gateKey struct {
+	db   Beginner
+	stmt string
+}
+
+// gate is one local queue: ch holds a token while no caller has the turn.
+type gate struct {
+	ch   chan struct{}
+	refs int // callers queued or holding the turn
+}
+
+// enterGate waits for the turn at gate id, until waitCtx ends.
+func enterGate(waitCtx context.Context, id gateKey) (*gate, bool) {
+	gates.Lock()
+	if gates.m == nil {
+		gates.m = map[gateKey]*gate{}
+	}
+	g := gates.m[id]
+	if g == nil {
+		g = &gate{ch: make(chan struct{}, 1)}
+		g.ch <- struct{}{}
+		gates.m[id] = g
+	}
+	g.refs++
+	gates.Unlock()
+	select {
+	case <-g.ch:
+		return g, true
+	case <-waitCtx.Done():
+		leaveGate(id, g, false)
+		return nil, false
+	}
+}
+
+// leaveGate leaves gate id, passing the turn on if the caller had it.
+func leaveGate(id gateKey, g *gate, hadTurn bool) {
+	if hadTurn {
+		g.ch <- struct{}{}
+	}
+	gates.Lock()
+	if g.refs--; g.refs == 0 {
+		delete(gates.m, id)
+	}
+	gates.Unlock()
 }
 
 // holder is a granted lock: its transaction and the contexts bound to it.

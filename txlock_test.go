@@ -872,3 +872,51 @@ func TestTimeoutBoundsFirstAttempt(t *testing.T) {
 	require.ErrorAs(t, err, &te)
 	assert.Zero(t, te.Attempts)
 }
+
+// Callers of one process that wait for the same key queue locally: only the
+// head polls, and each of the others tries at most once on arrival and once
+// on its turn; a caller that arrives when others are queued joins them
+// without trying. A queued caller still times out on time, and the queues
+// go away.
+func TestLocalQueue(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+
+	const callers = 8
+	attempts := make(chan int, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+				lease, _ := txlock.LeaseFromContext(ctx)
+				attempts <- lease.Attempts
+				return nil
+			}, txlock.WithTimeout(20*time.Second)))
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+
+	// A caller queued behind the others gives up at its own deadline.
+	start := time.Now()
+	err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithTimeout(200*time.Millisecond))
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Less(t, time.Since(start), time.Second)
+	assert.Zero(t, te.Attempts, "a caller arriving behind a queue joins it without trying, and does not poll")
+
+	release()
+	wg.Wait()
+	close(attempts)
+	polled := 0
+	for n := range attempts {
+		if n > 2 {
+			polled++
+		}
+	}
+	assert.LessOrEqual(t, polled, 1, "only the head of the queue polls")
+	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+}
