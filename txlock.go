@@ -312,8 +312,8 @@ type runner struct {
 	db   Beginner
 	stmt string
 	// gateID names the local queue of this call's keys (zero if it does
-	// not queue: shared locks, try, ServerWait, a db handle that cannot be
-	// a map key); gate is held while the call has the turn.
+	// not queue: shared locks, try, ServerWait, a db handle that is not a
+	// pointer); gate is held while the call has the turn.
 	gateID gateKey
 	gate   *gate
 	st     lockState // the lease, and what fn's context carries
@@ -373,7 +373,9 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 		return false, err
 	}
 	r.stmt = lockStatement(keys, c.shared, c.maxHold)
-	if !try && !c.shared && c.window == 0 && reflect.TypeOf(db).Comparable() {
+	// Only pointer handles (*sql.DB, *sql.Conn, *sqlx.DB) key a queue: any
+	// other value could hold something that panics when compared.
+	if !try && !c.shared && c.window == 0 && reflect.TypeOf(db).Kind() == reflect.Pointer {
 		r.gateID = gateKey{db: db, stmt: r.stmt}
 	}
 	defer r.leaveGate()
