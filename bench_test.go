@@ -22,48 +22,22 @@ func benchSelect(ctx context.Context, tx *sql.Tx) error {
 	return tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one)
 }
 
-func BenchmarkPlainTx(b *testing.B) {
-	db := direct(b)
-	ctx := context.Background()
-	for b.Loop() {
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(b, err)
-		require.NoError(b, benchSelect(ctx, tx))
-		require.NoError(b, tx.Commit())
-	}
-}
+func BenchmarkPlainTx(b *testing.B) { benchPlainTx(b, context.Background()) }
 
-func BenchmarkWithLockUncontended(b *testing.B) {
-	db := direct(b)
-	ctx := context.Background()
-	key := txlock.StringKey(uniq(b))
-	for b.Loop() {
-		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect))
-	}
-}
+func BenchmarkWithLockUncontended(b *testing.B) { benchWithLock(b, context.Background()) }
 
 // With a cancellable context, as a request handler has: database/sql then
 // watches the context of every transaction, with or without the lock.
 func BenchmarkPlainTxCancelCtx(b *testing.B) {
-	db := direct(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	for b.Loop() {
-		tx, err := db.BeginTx(ctx, nil)
-		require.NoError(b, err)
-		require.NoError(b, benchSelect(ctx, tx))
-		require.NoError(b, tx.Commit())
-	}
+	benchPlainTx(b, ctx)
 }
 
 func BenchmarkWithLockUncontendedCancelCtx(b *testing.B) {
-	db := direct(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	key := txlock.StringKey(uniq(b))
-	for b.Loop() {
-		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect))
-	}
+	benchWithLock(b, ctx)
 }
 
 func BenchmarkStringKey(b *testing.B) {
@@ -110,9 +84,20 @@ func BenchmarkLinearBackoff(b *testing.B) {
 // timeout): the first attempt needs no timer of its own. The benchmark
 // scales both up so that they outlast it.
 func BenchmarkPlainTxDeadlineCtx(b *testing.B) {
-	db := direct(b)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
+	benchPlainTx(b, ctx)
+}
+
+func BenchmarkWithLockUncontendedDeadlineCtx(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	benchWithLock(b, ctx, txlock.WithTimeout(2*time.Hour))
+}
+
+// benchPlainTx measures the guarded work in a plain transaction under ctx.
+func benchPlainTx(b *testing.B, ctx context.Context) {
+	db := direct(b)
 	for b.Loop() {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(b, err)
@@ -121,12 +106,11 @@ func BenchmarkPlainTxDeadlineCtx(b *testing.B) {
 	}
 }
 
-func BenchmarkWithLockUncontendedDeadlineCtx(b *testing.B) {
+// benchWithLock measures the same work under an uncontended WithLock.
+func benchWithLock(b *testing.B, ctx context.Context, opts ...txlock.Option) {
 	db := direct(b)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
-	defer cancel()
 	key := txlock.StringKey(uniq(b))
 	for b.Loop() {
-		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect, txlock.WithTimeout(2*time.Hour)))
+		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect, opts...))
 	}
 }
