@@ -160,9 +160,11 @@ func WithSerializationRetries(n int) Option {
 	}
 }
 
-// newConfig applies opts. inTx is true for LockTx and TryLockTx.
-func newConfig(opts []Option, inTx bool) (*config, error) {
-	c := &config{timeout: DefaultTimeout, retry: ExponentialBackoff{}}
+// init sets c from the defaults and opts. inTx is true for LockTx and
+// TryLockTx. c lives inside the call's own state, so that a call costs one
+// allocation fewer.
+func (c *config) init(opts []Option, inTx bool) error {
+	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}}
 	for _, o := range opts {
 		if o == nil {
 			c.fail("nil Option")
@@ -176,7 +178,7 @@ func newConfig(opts []Option, inTx bool) (*config, error) {
 		}
 	}
 	if err := errors.Join(c.errs...); err != nil {
-		return nil, err
+		return err
 	}
 	if !c.serialSet && c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
 		c.serialRetries = DefaultSerializationRetries
@@ -187,5 +189,5 @@ func newConfig(opts []Option, inTx bool) (*config, error) {
 	if sw, ok := c.retry.(interface{ serverWindow() time.Duration }); ok {
 		c.window = sw.serverWindow()
 	}
-	return c, nil
+	return nil
 }

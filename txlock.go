@@ -95,8 +95,10 @@ type Lease struct {
 }
 
 // lockState is what fn's context carries: the Lease, and what fencing
-// tokens need.
+// tokens need. It is fn's context itself, wrapping the context fn runs
+// under, so that handing it to fn costs no allocation.
 type lockState struct {
+	context.Context
 	lease Lease
 	db    Beginner // where the lock was taken: tokens are drawn there
 	tx    *sql.Tx  // the lock's transaction
@@ -108,6 +110,14 @@ type lockState struct {
 }
 
 type lockStateKey struct{}
+
+// Value implements context.Context: the lockState answers for its own key.
+func (st *lockState) Value(key any) any {
+	if key == (lockStateKey{}) {
+		return st
+	}
+	return st.Context.Value(key)
+}
 
 func stateFrom(ctx context.Context) (*lockState, bool) {
 	st, ok := ctx.Value(lockStateKey{}).(*lockState)
@@ -237,8 +247,9 @@ func TryLockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) (acquir
 }
 
 func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (bool, error) {
-	c, err := newConfig(opts, true)
-	if err != nil {
+	a := &txAttempt{tx: tx}
+	c := &a.c
+	if err := c.init(opts, true); err != nil {
 		return false, err
 	}
 	if tx == nil {
@@ -247,11 +258,10 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 	if err := key.Err(); err != nil {
 		return false, err
 	}
-	a := &txAttempt{c: c, tx: tx}
 	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.one[0] = key
 	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold)
-	err = c.wait(ctx, &a.lease, try, a)
+	err := c.wait(ctx, &a.lease, try, a)
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
@@ -261,7 +271,7 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 // txAttempt is an attempt of LockTx: a statement in the caller's
 // transaction.
 type txAttempt struct {
-	c     *config
+	c     config
 	tx    *sql.Tx
 	stmt  string
 	lease Lease
@@ -308,7 +318,7 @@ func (a *txAttempt) attempt(ctx, _ context.Context, _ time.Time, window time.Dur
 // runner is the state of one WithLock call, in one allocation: its lease,
 // and its transaction once the lock is granted.
 type runner struct {
-	c    *config
+	c    config
 	db   Beginner
 	stmt string
 	// gateID names the local queue of this call's keys (zero if it does
@@ -316,7 +326,8 @@ type runner struct {
 	// pointer); gate is held while the call has the turn.
 	gateID gateKey
 	gate   *gate
-	st     lockState // the lease, and what fn's context carries
+	st     *lockState // the lease, and what fn's context carries
+	st0    lockState  // st of the first round
 	one    [1]Key
 	h      holder
 }
@@ -352,8 +363,9 @@ func (r *runner) leaveGate() {
 // run is the loop behind WithLock, WithLocks, TryWithLock and TryWithLocks.
 // keys is nil for the single key one.
 func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.Context, *sql.Tx) error, try bool, opts []Option) (bool, error) {
-	c, err := newConfig(opts, false)
-	if err != nil {
+	r := &runner{db: db}
+	c := &r.c
+	if err := c.init(opts, false); err != nil {
 		return false, err
 	}
 	if isNil(db) {
@@ -362,15 +374,17 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
 	}
-	r := &runner{c: c, db: db}
 	if keys == nil {
 		if err := one.Err(); err != nil {
 			return false, err
 		}
 		r.one[0] = one
 		keys = r.one[:]
-	} else if keys, err = canonicalKeys(keys); err != nil {
-		return false, err
+	} else {
+		var err error
+		if keys, err = canonicalKeys(keys); err != nil {
+			return false, err
+		}
 	}
 	r.stmt = lockStatement(keys, c.shared, c.maxHold)
 	// Only pointer handles (*sql.DB, *sql.Conn, *sqlx.DB) key a queue: any
@@ -380,9 +394,14 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 	}
 	defer r.leaveGate()
 	for round := 0; ; round++ {
+		// Each round has its own state: a context that fn kept from an
+		// earlier round keeps describing that round's lock.
+		if round == 0 {
+			r.st = &r.st0
+		} else {
+			r.st = &lockState{}
+		}
 		r.st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
-		r.st.tokens = nil
-		r.st.ended.Store(false)
 		err := c.wait(ctx, &r.st.lease, try, r)
 		if err != nil {
 			r.leaveGate()
@@ -398,7 +417,7 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 			return false, err
 		}
 		r.st.db, r.st.tx = db, r.h.tx
-		err = r.h.run(fn, &r.st)
+		err = r.h.run(fn, r.st)
 		r.leaveGate()
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
@@ -624,7 +643,7 @@ func (h *holder) release() {
 // ctx itself, and fn runs under the caller's context. Later attempts are
 // bound to waitCtx.
 func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, window time.Duration) (outcome, error) {
-	c := r.c
+	c := &r.c
 	stmt := r.stmt
 	if window > 0 {
 		stmt = waitStatement(r.st.lease.Keys, c.shared, c.maxHold, window)
@@ -657,28 +676,20 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 	} else {
 		timer = time.AfterFunc(time.Until(deadline), func() { txCancel(context.DeadlineExceeded) })
 	}
-	// unbind stops the deadline from ending the transaction, and reports
-	// whether it had not already.
-	unbind := func() bool {
-		if timer != nil {
-			return timer.Stop()
-		}
-		return stopAfter()
-	}
 	tx, err := r.db.BeginTx(txCtx, c.txOpts)
 	if err != nil {
-		unbind()
+		unbind(timer, stopAfter)
 		txCancel(nil)
 		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
 	out, err := attemptIn(txCtx, tx, stmt)
-	if err == nil && out == granted && (!unbind() || txCtx.Err() != nil) {
+	if err == nil && out == granted && (!unbind(timer, stopAfter) || txCtx.Err() != nil) {
 		// The deadline fired, or ctx ended, as the lock was granted; the
 		// transaction is being rolled back, and fn must not start.
 		out, err = busy, context.DeadlineExceeded
 	}
 	if err != nil || out != granted {
-		unbind()
+		unbind(timer, stopAfter)
 		_ = tx.Rollback()
 		txCancel(nil)
 		return out, err
@@ -695,6 +706,16 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 		r.h.stopTie = context.AfterFunc(fnCtx, func() { txCancel(context.Cause(fnCtx)) })
 	}
 	return granted, nil
+}
+
+// unbind stops the wait's deadline (a timer, or an AfterFunc on the wait's
+// context) from ending an attempt's transaction, and reports whether it had
+// not already.
+func unbind(timer *time.Timer, stopAfter func() bool) bool {
+	if timer != nil {
+		return timer.Stop()
+	}
+	return stopAfter()
 }
 
 // attemptIn runs the lock statement of an attempt in its own transaction.
@@ -722,7 +743,8 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) err
 			_ = h.tx.Rollback()
 		}
 	}()
-	fnErr := fn(context.WithValue(h.fnCtx, lockStateKey{}, st), h.tx)
+	st.Context = h.fnCtx
+	fnErr := fn(st, h.tx)
 	done = true
 	if fnErr != nil {
 		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
@@ -824,8 +846,8 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
 	if shared {
 		fn = "pg_try_advisory_xact_lock_shared("
 	}
-	b := make([]byte, 0, 128+len(keys)*(len(fn)+48))
-	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
+	var buf [256]byte // one key's statement fits: building it costs only the string
+	b := append(buf[:0], "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
 	b = appendHoldBound(b, maxHold)
 	b = append(b, " WHEN "...)
 	for i, k := range keys {

@@ -920,3 +920,59 @@ func TestLocalQueue(t *testing.T) {
 	assert.LessOrEqual(t, polled, 1, "only the head of the queue polls")
 	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
 }
+
+// fn's context is the caller's, with the lock's state added: values,
+// deadline and cancellation pass through, contexts derived from it still
+// find the Lease, and a context kept from a round that a serialization
+// failure ended keeps describing that round, not the next.
+func TestFnContext(t *testing.T) {
+	db := direct(t)
+	_, err := db.Exec(`CREATE TABLE fnctx (id int PRIMARY KEY, n int NOT NULL); INSERT INTO fnctx VALUES (1, 0)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE fnctx`) })
+
+	type ctxKey struct{}
+	caller, cancel := context.WithTimeout(context.WithValue(context.Background(), ctxKey{}, "v"), time.Minute)
+	defer cancel()
+	want, _ := caller.Deadline()
+	var kept []context.Context
+	err = txlock.WithLock(caller, db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
+		kept = append(kept, ctx)
+		assert.Equal(t, "v", ctx.Value(ctxKey{}))
+		d, ok := ctx.Deadline()
+		assert.True(t, ok)
+		assert.Equal(t, want, d)
+		assert.True(t, txlock.Held(ctx))
+		derived, cancelDerived := context.WithCancel(ctx)
+		lease, ok := txlock.LeaseFromContext(derived)
+		assert.True(t, ok)
+		assert.Equal(t, 1, lease.Attempts, "each round takes the free lock at once")
+		assert.True(t, txlock.Held(derived))
+		cancelDerived()
+		assert.False(t, txlock.Held(derived), "a cancelled derived context no longer holds")
+		assert.True(t, txlock.Held(ctx))
+		if len(kept) > 1 {
+			assert.False(t, txlock.Held(kept[0]), "the first round's context outlived its round")
+			_, ok := txlock.LeaseFromContext(kept[0])
+			assert.True(t, ok)
+		}
+		var n int
+		if err := tx.QueryRowContext(ctx, `SELECT n FROM fnctx WHERE id = 1`).Scan(&n); err != nil {
+			return err
+		}
+		if len(kept) == 1 {
+			// A concurrent write after this transaction's snapshot: the
+			// UPDATE below fails with 40001 at RepeatableRead.
+			_, err := db.ExecContext(caller, `UPDATE fnctx SET n = n + 100 WHERE id = 1`)
+			require.NoError(t, err)
+		}
+		_, err := tx.ExecContext(ctx, `UPDATE fnctx SET n = $1 WHERE id = 1`, n+1)
+		return err
+	}, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead}), txlock.WithSerializationRetries(1))
+	require.NoError(t, err)
+	require.Len(t, kept, 2, "one serialization failure, one retry")
+	assert.False(t, txlock.Held(kept[1]), "fn has returned")
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT n FROM fnctx WHERE id = 1`).Scan(&n))
+	assert.Equal(t, 101, n)
+}
