@@ -142,11 +142,19 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
 // attempt.
 //
-// The cost is that a waiter holds a connection, and behind PgBouncer in
+// The callers of one process that wait for the same keys on the same pool
+// queue locally first, and only the head of that queue waits in the
+// server; when the holder's fn returns, the next caller starts its wait in
+// the server at once, and is granted the lock the moment the holder's
+// commit or rollback releases it. So at most one waiter per key per pool
+// waits in the server, and the server's queue serves the processes that
+// wait for a key in turn.
+//
+// The cost is that this waiter holds a connection, and behind PgBouncer in
 // transaction mode a server connection, while it waits: for at most Window
-// at a time, then it lets go. n waiters on one PgBouncer pool can occupy n
-// server connections for up to Window. Choose it with the pool in mind, or
-// use a polling strategy, whose waiters hold no connection between
+// at a time, then it lets go. Waiters for k different busy keys can occupy
+// k connections of a pool for up to Window. Choose it with the pool in mind,
+// or use a polling strategy, whose waiters hold no connection between
 // attempts.
 //
 // In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves

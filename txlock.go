@@ -158,8 +158,9 @@ func Held(ctx context.Context) bool {
 // and when it is done the next tries at once, so the lock passes between
 // goroutines of one process with no sleep in between and the database sees
 // one poller per key per process. Waiting in that queue holds no connection
-// either. With WithRetry(ServerWait{…}) an attempt waits for the lock in the
-// server's queue for a bounded window instead (see ServerWait). The wait
+// either. With WithRetry(ServerWait{…}) the head of that queue waits for
+// the lock in the server's queue, for a bounded window per attempt, instead
+// of polling (see ServerWait). The wait
 // ends at the earlier of the context's deadline and the WithTimeout option
 // (DefaultTimeout): the error then matches ErrLockTimeout.
 //
@@ -342,10 +343,15 @@ func (r *runner) enqueue(waitCtx context.Context) (queued, turn bool) {
 	return true, ok
 }
 
-// queueFirst implements queuer.
+// queueFirst implements queuer. With ServerWait every call queues before
+// its first attempt, as that attempt may wait in the server: the queue's
+// head is then this process's only waiter in the server's queue.
 func (r *runner) queueFirst() bool {
 	if r.gateID.db == nil {
 		return false
+	}
+	if r.c.window > 0 {
+		return true
 	}
 	gates.Lock()
 	defer gates.Unlock()
@@ -387,10 +393,8 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 		}
 	}
 	r.stmt = lockStatement(keys, c.shared, c.maxHold)
-	// Only pointer handles (*sql.DB, *sql.Conn, *sqlx.DB) key a queue: any
-	// other value could hold something that panics when compared.
-	if !try && !c.shared && c.window == 0 && reflect.TypeOf(db).Kind() == reflect.Pointer {
-		r.gateID = gateKey{db: db, stmt: r.stmt}
+	if !try && !c.shared {
+		r.gateID = gateKey{db: queueHandle(db), stmt: r.stmt}
 	}
 	defer r.leaveGate()
 	for round := 0; ; round++ {
@@ -417,7 +421,15 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 			return false, err
 		}
 		r.st.db, r.st.tx = db, r.h.tx
-		err = r.h.run(fn, r.st)
+		var handoff func()
+		if _, pool := r.gateID.db.(*sql.DB); pool && c.window > 0 && r.gate != nil {
+			// The next caller may start its wait in the server as soon as
+			// fn is done: the server grants it the lock the moment this
+			// transaction ends, with no round trip in between. Not on a
+			// single connection, which has room for one transaction only.
+			handoff = r.leaveGate
+		}
+		err = r.h.run(fn, r.st, handoff)
 		r.leaveGate()
 		if round < c.serialRetries && retryable(err) {
 			if !sleep(ctx, c.retry.Backoff(round+1)) {
@@ -567,8 +579,25 @@ var gates struct {
 // gateKey names a local queue: the same keys (the same lock statement) on
 // the same database handle.
 type gateKey struct {
-	db   Beginner
+	db   any // see queueHandle
 	stmt string
+}
+
+// queueHandle is the identity of db for the local queues, or nil if its
+// calls do not queue. A Beginner that wraps another handle for one call (as
+// package sqlxlock does) names the handle it wraps with a TxlockQueueHandle
+// method, so that its calls share a queue with every other call on that
+// handle. Only pointers qualify: any other value could hold something that
+// panics when compared.
+func queueHandle(db Beginner) any {
+	var h any = db
+	if w, ok := db.(interface{ TxlockQueueHandle() any }); ok {
+		h = w.TxlockQueueHandle()
+	}
+	if h == nil || reflect.TypeOf(h).Kind() != reflect.Pointer {
+		return nil
+	}
+	return h
 }
 
 // gate is one local queue: ch holds a token while no caller has the turn.
@@ -734,7 +763,10 @@ func attemptIn(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 }
 
 // run runs fn in the holder's transaction and commits or rolls back.
-func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) error {
+//
+// handoff, if not nil, runs once fn has returned, before the commit or
+// rollback.
+func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, handoff func()) error {
 	defer h.release()
 	defer st.ended.Store(true)
 	done := false
@@ -746,6 +778,9 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState) err
 	st.Context = h.fnCtx
 	fnErr := fn(st, h.tx)
 	done = true
+	if handoff != nil {
+		handoff()
+	}
 	if fnErr != nil {
 		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
 			return errors.Join(fnErr, ErrTxDone)
@@ -796,7 +831,7 @@ func (c *config) runUnlocked(ctx context.Context, db Beginner, fn func(context.C
 		return fmt.Errorf("txlock: begin: %w", err)
 	}
 	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
-	return h.run(fn, &lockState{lease: *lease, db: db, tx: tx})
+	return h.run(fn, &lockState{lease: *lease, db: db, tx: tx}, nil)
 }
 
 // tryLock runs the lock statement and decodes its outcome.

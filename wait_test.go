@@ -272,3 +272,55 @@ func TestServerWaitLockTxDeadlock(t *testing.T) {
 	assert.Equal(t, 1, deadlocks, "one transaction is chosen as the victim, the other gets its lock")
 	assert.Less(t, time.Since(start), 8*time.Second, "reported by the deadlock detector, not by the timeout")
 }
+
+// With ServerWait, the callers of one process that wait for the same key
+// queue locally, and only the head of the queue waits in the server: one
+// server-side waiter (and one connection) per key per pool, however many
+// goroutines wait. Two pools, as two processes would have, have one each,
+// and the server's queue serves them in turn.
+func TestServerWaitLocalQueue(t *testing.T) {
+	admin := direct(t)
+	pools := []*sql.DB{direct(t), direct(t)}
+	l := newLedger(t, admin)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, admin, key, false)
+
+	const perPool = 6
+	var order []int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for p, db := range pools {
+		for range perPool {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+					mu.Lock()
+					order = append(order, p)
+					mu.Unlock()
+					return l.step(ctx, tx)
+				}, txlock.WithRetry(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
+			}()
+		}
+	}
+	var most int
+	for range 20 {
+		time.Sleep(20 * time.Millisecond)
+		most = max(most, countWaitingOnAdvisory(t, admin))
+	}
+	assert.Equal(t, len(pools), most, "one server-side waiter per pool")
+	release()
+	wg.Wait()
+	n, overlaps := l.check(t, admin)
+	assert.Equal(t, len(pools)*perPool, n, "lost updates")
+	assert.Zero(t, overlaps, "critical sections overlapped")
+	// The server's queue serves the pools' heads in turn (not strictly: a
+	// head that must first open a connection queues late).
+	t.Logf("order served: %v", order)
+	first := [2]int{}
+	for _, p := range order[:perPool] {
+		first[p]++
+	}
+	assert.GreaterOrEqual(t, min(first[0], first[1]), 2, "both pools are served early on: %v", order)
+	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+}

@@ -94,6 +94,19 @@ func (a *adapter) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, er
 	return tx.Tx, nil
 }
 
+// TxlockQueueHandle names the handle the adapter wraps, so that the calls of
+// this process that wait for the same keys on it queue behind each other
+// (see txlock.WithLock), sqlx ones and database/sql ones alike.
+func (a *adapter) TxlockQueueHandle() any {
+	switch db := a.db.(type) {
+	case *sqlx.DB:
+		return db.DB
+	case *sqlx.Conn:
+		return db.Conn
+	}
+	return a.db
+}
+
 // poolAdapter is the adapter of a *sqlx.DB. It also exposes the pool's
 // QueryRowContext and Stats, which txlock.FenceToken uses to draw tokens on a
 // connection of their own.

@@ -2,6 +2,7 @@ package sqlxlock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"os"
@@ -165,4 +166,54 @@ func TestSqlxFencing(t *testing.T) {
 	var v string
 	require.NoError(t, db.Get(&v, `SELECT v FROM `+table+` WHERE id = 1`))
 	assert.Equal(t, fmt.Sprint(tokens[1]), v)
+}
+
+// sqlx calls queue locally like database/sql ones, and with them: callers
+// on the same pool that wait for the same key form one queue, whose head
+// alone polls.
+func TestSqlxLocalQueue(t *testing.T) {
+	db := open(t, pgtest.Postgres(t))
+	key := txlock.StringKey(t.Name())
+	holder, err := db.BeginTxx(context.Background(), nil)
+	require.NoError(t, err)
+	ok, err := sqlxlock.TryLockTx(context.Background(), holder, key)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	const callers = 8
+	attempts := make(chan int, callers)
+	record := func(ctx context.Context) {
+		lease, _ := txlock.LeaseFromContext(ctx)
+		attempts <- lease.Attempts
+	}
+	opts := []txlock.Option{txlock.WithRetry(txlock.ConstantBackoff{Interval: 5 * time.Millisecond}), txlock.WithTimeout(20 * time.Second)}
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if i%2 == 0 {
+				assert.NoError(t, sqlxlock.WithLock(context.Background(), db, key, func(ctx context.Context, _ *sqlx.Tx) error {
+					record(ctx)
+					return nil
+				}, opts...))
+			} else {
+				assert.NoError(t, txlock.WithLock(context.Background(), db.DB, key, func(ctx context.Context, _ *sql.Tx) error {
+					record(ctx)
+					return nil
+				}, opts...))
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // about 60 polls' worth
+	require.NoError(t, holder.Rollback())
+	wg.Wait()
+	close(attempts)
+	var polled []int
+	for n := range attempts {
+		if n > 2 {
+			polled = append(polled, n)
+		}
+	}
+	assert.LessOrEqual(t, len(polled), 1, "only the head of the queue polls, sqlx or not: %v", polled)
 }
