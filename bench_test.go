@@ -57,7 +57,7 @@ func BenchmarkKeyspaceKey(b *testing.B) {
 func BenchmarkLockStatement(b *testing.B) {
 	keys := []txlock.Key{txlock.StringKey("orders:42")}
 	for b.Loop() {
-		_ = txlock.LockStatement(keys, false, 0)
+		_ = txlock.LockStatement(keys, false, 0, true)
 	}
 }
 
@@ -95,12 +95,33 @@ func BenchmarkWithLockUncontendedDeadlineCtx(b *testing.B) {
 	benchWithLock(b, ctx, txlock.WithTimeout(2*time.Hour))
 }
 
-// benchPlainTx measures the guarded work in a plain transaction under ctx.
-func benchPlainTx(b *testing.B, ctx context.Context) {
+// The plain transaction plus WithLock's lock statement, sent by hand: what
+// the one extra statement costs by itself, with nothing else of WithLock.
+func BenchmarkPlainTxLockStatement(b *testing.B) {
+	benchPlainTx(b, context.Background(), txlock.StringKey(uniq(b)))
+}
+
+func BenchmarkPlainTxLockStatementDeadlineCtx(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	benchPlainTx(b, ctx, txlock.StringKey(uniq(b)))
+}
+
+// benchPlainTx measures the guarded work in a plain transaction under ctx,
+// after the lock statement of key if one is given.
+func benchPlainTx(b *testing.B, ctx context.Context, key ...txlock.Key) {
 	db := direct(b)
+	stmt := ""
+	if len(key) > 0 {
+		stmt = txlock.LockStatement(key, false, 0, true)
+	}
 	for b.Loop() {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(b, err)
+		if stmt != "" {
+			_, err := tx.ExecContext(ctx, stmt)
+			require.NoError(b, err)
+		}
 		require.NoError(b, benchSelect(ctx, tx))
 		require.NoError(b, tx.Commit())
 	}

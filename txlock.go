@@ -261,7 +261,7 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 	}
 	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.one[0] = key
-	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold)
+	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, false)
 	err := c.wait(ctx, &a.lease, try, a)
 	if errors.Is(err, errBusy) {
 		return false, nil
@@ -392,7 +392,7 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 			return false, err
 		}
 	}
-	r.stmt = lockStatement(keys, c.shared, c.maxHold)
+	r.stmt = lockStatement(keys, c.shared, c.maxHold, true)
 	if !try && !c.shared {
 		r.gateID = gateKey{db: queueHandle(db), stmt: r.stmt}
 	}
@@ -844,6 +844,9 @@ func (c *config) runUnlocked(ctx context.Context, db Beginner, fn func(context.C
 func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 	res, err := tx.ExecContext(ctx, stmt)
 	if err != nil {
+		if isStandbyError(err) {
+			return standby, nil
+		}
 		return busy, fmt.Errorf("txlock: lock statement: %w", err)
 	}
 	n, err := res.RowsAffected()
@@ -870,20 +873,42 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 //	  WHEN pg_try_advisory_xact_lock(k1) AND pg_try_advisory_xact_lock(k2) ... THEN 1
 //	  ELSE 0 END)
 //
+// With ownTx (the attempt's transaction is txlock's own, which a failed
+// attempt rolls back), the statement is the cheaper
+//
+//	SELECT 1 WHERE CASE
+//	  WHEN pg_is_in_recovery() THEN set_config('txlock.in_recovery', '<standbyMarker>', true)::int = 0
+//	  WHEN pg_try_advisory_xact_lock(k1) AND pg_try_advisory_xact_lock(k2) ... THEN true
+//	  ELSE false END
+//
+// which returns no row or one, and fails on a server in recovery with an
+// error (22P02) that carries standbyMarker: the set-returning function costs
+// the server about as much again as the lock itself, and an error would
+// abort a caller's transaction, so LockTx keeps the first form. Both
+// evaluate pg_is_in_recovery() once, before any lock: a promotion during
+// the statement cannot make a standby's answer read as a grant.
+//
 // With a hold bound, a branch before the locks sets
 // idle_in_transaction_session_timeout with set_config(…, true), which lasts
 // until the transaction ends. It comes first so that it covers every
 // attempt: a partial grant of several keys, too, holds a lock until the
 // attempt's rollback arrives, and a client frozen or cut off before sending
 // it must not keep that lock past the bound.
-func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
+func lockStatement(keys []Key, shared bool, maxHold time.Duration, ownTx bool) string {
 	fn := "pg_try_advisory_xact_lock("
 	if shared {
 		fn = "pg_try_advisory_xact_lock_shared("
 	}
-	var buf [256]byte // one key's statement fits: building it costs only the string
-	b := append(buf[:0], "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
-	b = appendHoldBound(b, maxHold)
+	no, yes := " THEN 0", " THEN 1 ELSE 0 END)"
+	var buf [320]byte // one key's statement fits: building it costs only the string
+	b := buf[:0]
+	if ownTx {
+		no, yes = " THEN false", " THEN true ELSE false END"
+		b = append(b, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN set_config('txlock.in_recovery', '"+standbyMarker+"', true)::int = 0"...)
+	} else {
+		b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
+	}
+	b = appendHoldBound(b, maxHold, no)
 	b = append(b, " WHEN "...)
 	for i, k := range keys {
 		if i > 0 {
@@ -893,8 +918,18 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration) string {
 		b = appendSQLArgs(b, k)
 		b = append(b, ')')
 	}
-	b = append(b, " THEN 1 ELSE 0 END)"...)
+	b = append(b, yes...)
 	return string(b)
+}
+
+// standbyMarker is the text of the error by which the statement of
+// lockStatement(…, ownTx = true) reports a server in recovery.
+const standbyMarker = "txlock: the server is in recovery, no lock was attempted"
+
+// isStandbyError reports the error of lockStatement(…, ownTx = true) on a
+// server in recovery.
+func isStandbyError(err error) bool {
+	return SQLState(err) == "22P02" && strings.Contains(err.Error(), standbyMarker)
 }
 
 // waitStatement builds the statement of an attempt that waits for the lock
@@ -928,7 +963,7 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 	}
 	b := make([]byte, 0, 384+len(keys)*(len(fn)+64))
 	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
-	b = appendHoldBound(b, maxHold)
+	b = appendHoldBound(b, maxHold, " THEN 0")
 	b = append(b, " WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+
 		" WHEN set_config('lock_timeout', '"...)
 	b = strconv.AppendInt(b, ceilMillis(window), 10)
@@ -943,16 +978,18 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 	return string(b)
 }
 
-// appendHoldBound appends, for a hold bound, the CASE branch that sets
-// idle_in_transaction_session_timeout for the transaction (set_config
-// returns the value, never NULL, so the branch is never taken).
-func appendHoldBound(b []byte, maxHold time.Duration) []byte {
+// appendHoldBound appends, for a hold bound, a CASE branch that sets
+// idle_in_transaction_session_timeout for the transaction. set_config
+// returns the value, never NULL, so the branch's result (then) is never
+// taken.
+func appendHoldBound(b []byte, maxHold time.Duration, then string) []byte {
 	if maxHold <= 0 {
 		return b
 	}
 	b = append(b, " WHEN set_config('idle_in_transaction_session_timeout', '"...)
 	b = strconv.AppendInt(b, ceilMillis(maxHold), 10)
-	return append(b, "', true) IS NULL THEN 0"...)
+	b = append(b, "', true) IS NULL"...)
+	return append(b, then...)
 }
 
 // ceilMillis is d in whole milliseconds, rounded up.

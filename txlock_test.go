@@ -657,6 +657,24 @@ func TestStandbyRefused(t *testing.T) {
 	defer tx.Rollback()
 	_, err = txlock.TryLockTx(context.Background(), tx, key)
 	assert.ErrorIs(t, err, txlock.ErrStandby)
+	var one int
+	assert.NoError(t, tx.QueryRow(`SELECT 1`).Scan(&one), "the caller's transaction is still usable")
+
+	// Every form of the lock statement refuses: TryWithLock's, and
+	// ServerWait's.
+	acquired, err := txlock.TryWithLocks(context.Background(), db, []txlock.Key{key, txlock.StringKey(uniq(t))}, func(context.Context, *sql.Tx) error {
+		called = true
+		return nil
+	}, txlock.WithMaxHold(time.Second))
+	assert.ErrorIs(t, err, txlock.ErrStandby)
+	assert.False(t, acquired)
+	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+		called = true
+		return nil
+	}, txlock.WithRetry(txlock.ServerWait{}))
+	assert.ErrorIs(t, err, txlock.ErrStandby)
+	assert.False(t, called)
+	assert.Zero(t, txlock.Gates())
 }
 
 // Under REPEATABLE READ the snapshot is taken by the lock statement, an
@@ -834,14 +852,22 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestLockStatementShape(t *testing.T) {
-	stmt := txlock.LockStatement([]txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.PairKey(-1, 2)}, true, 1500*time.Millisecond)
+	keys := []txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.PairKey(-1, 2)}
+	locks := "pg_try_advisory_xact_lock_shared('-9223372036854775808'::int8) AND pg_try_advisory_xact_lock_shared('-1'::int4,'2'::int4)"
 	// The hold bound is set before any lock is tried, so that it also covers
 	// a partial grant whose rollback never arrives.
+	inTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, false)
 	assert.Equal(t, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
 		" WHEN set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0 WHEN "+
-		"pg_try_advisory_xact_lock_shared('-9223372036854775808'::int8) AND pg_try_advisory_xact_lock_shared('-1'::int4,'2'::int4)"+
-		" THEN 1 ELSE 0 END)", stmt)
-	assert.NotContains(t, strings.ToUpper(stmt), "SET ", "never a plain SET")
+		locks+" THEN 1 ELSE 0 END)", inTx)
+	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, true)
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN set_config('txlock.in_recovery', "+
+		"'txlock: the server is in recovery, no lock was attempted', true)::int = 0"+
+		" WHEN set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false WHEN "+
+		locks+" THEN true ELSE false END", ownTx)
+	for _, stmt := range []string{inTx, ownTx} {
+		assert.NotContains(t, strings.ToUpper(stmt), "SET ", "never a plain SET")
+	}
 }
 
 func TestExtremeKeysLock(t *testing.T) {

@@ -87,6 +87,26 @@ var plainTx = impl{name: "plain-tx", pgbouncerSafe: true,
 		return inTx(ctx, e.db, id, w, granted)
 	}}
 
+// plainTxRoundTrip is the plain transaction plus one SELECT 1: the floor of
+// any lock that costs one round trip more than no lock, measured rather
+// than assumed.
+var plainTxRoundTrip = impl{name: "plain-tx+1rt", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
+			return err
+		}
+		granted()
+		if err := w(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}}
+
 // forUpdate locks the row itself with SELECT … FOR UPDATE.
 var forUpdate = impl{name: "select-for-update", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {

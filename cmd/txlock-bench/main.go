@@ -335,7 +335,7 @@ func scenarios(o options) []scenario {
 			name string
 			fn   work
 		}{{"uncontended-select", selectRow}, {"uncontended-update", updateRow}} {
-			impls := []impl{txlockImpl("txlock"), plainTx, forUpdate, rl}
+			impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, forUpdate, rl}
 			if via == "direct" {
 				impls = append(impls, sessionLock)
 			}
@@ -388,6 +388,17 @@ type accum struct {
 func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 	accs := make([]accum, len(sc.impls))
 	per := b.o.dur / time.Duration(b.o.rounds)
+	// A short unmeasured run of each implementation first, so that opening
+	// the pools' connections (tens of milliseconds each) does not land in the
+	// first implementation's wait times.
+	for _, im := range sc.impls {
+		if sc.via == "pgbouncer" && !im.pgbouncerSafe {
+			continue
+		}
+		if err := b.measure(sc, im, e, second, 50*time.Millisecond, &accum{}); err != nil {
+			return nil, fmt.Errorf("%s/%s/%s (warm-up): %w", sc.name, sc.via, im.name, err)
+		}
+	}
 	for range b.o.rounds {
 		for i, im := range sc.impls {
 			if sc.via == "pgbouncer" && !im.pgbouncerSafe {
