@@ -24,9 +24,10 @@
 // them without a sleep. Waiters therefore hold no connection between
 // attempts, which is what lets many of them wait behind a small PgBouncer
 // pool in transaction mode. The wait ends at the earlier of the context's
-// deadline and WithTimeout (DefaultTimeout). WithRetry(ServerWait{…}) waits
-// in PostgreSQL's lock queue instead, a bounded window per attempt: fair and
-// with no handoff gap, but holding a connection while it waits.
+// deadline and WithTimeout (DefaultTimeout). WithRetry(ServerWait{…}) has
+// the head of that local queue wait in PostgreSQL's lock queue instead, a
+// bounded window per attempt: fair between processes and with no handoff
+// gap, but holding a connection (one per key per pool) while it waits.
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. WithShared takes reader

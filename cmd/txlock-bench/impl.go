@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"time"
@@ -99,6 +100,33 @@ var plainTxRoundTrip = impl{name: "plain-tx+1rt", pgbouncerSafe: true,
 		defer func() { _ = tx.Rollback() }()
 		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
 			return err
+		}
+		granted()
+		if err := w(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}}
+
+// plainTxLockStmt is the plain transaction plus txlock's own lock
+// statement (the form WithLock sends; keep it in step with lockStatement),
+// sent by hand: the server's share of txlock's cost, without any of its
+// client-side work (options, timeout, local queue, retry loop).
+var plainTxLockStmt = impl{name: "plain-tx+lock-stmt", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }()
+		res, err := tx.ExecContext(ctx, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN "+
+			"set_config('txlock.in_recovery', 'txlock: the server is in recovery, no lock was attempted', true)::int = 0 "+
+			"WHEN pg_try_advisory_xact_lock("+lockArgs(id)+") THEN true ELSE false END")
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil || n != 1 {
+			return fmt.Errorf("lock statement: %d rows, %v", n, err)
 		}
 		granted()
 		if err := w(ctx, tx, id); err != nil {

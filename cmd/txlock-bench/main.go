@@ -47,6 +47,7 @@ type options struct {
 	svgPath    string
 	dur        time.Duration
 	rounds     int
+	roundsSet  bool // -rounds was given: use it for every scenario
 	pool       int
 	only       string
 	pgURL      string
@@ -61,7 +62,7 @@ func main() {
 	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per measurement instead of the markdown table")
 	flag.StringVar(&o.svgPath, "svg", "txlock-bench.svg", "write the contention chart here (empty: none)")
 	flag.DurationVar(&o.dur, "d", 0, "measured time per implementation and configuration (default 3s, 400ms with -quick)")
-	flag.IntVar(&o.rounds, "rounds", 0, "split each measurement into this many interleaved rounds (default 3, 2 with -quick)")
+	flag.IntVar(&o.rounds, "rounds", 0, "split each measurement into this many interleaved rounds (default 3, 2 with -quick; four times as many for one-worker scenarios)")
 	flag.IntVar(&o.pool, "pool", 20, "PgBouncer default_pool_size of the throwaway PgBouncer")
 	flag.StringVar(&o.only, "only", "", "run only scenarios whose name contains this")
 	flag.StringVar(&o.pgURL, "pg", "", "PostgreSQL URL (default: start a throwaway cluster)")
@@ -75,6 +76,7 @@ func main() {
 			o.dur = 400 * time.Millisecond
 		}
 	}
+	o.roundsSet = o.rounds != 0
 	if o.rounds == 0 {
 		o.rounds = 3
 		if o.quick {
@@ -335,7 +337,7 @@ func scenarios(o options) []scenario {
 			name string
 			fn   work
 		}{{"uncontended-select", selectRow}, {"uncontended-update", updateRow}} {
-			impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, forUpdate, rl}
+			impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, forUpdate, rl}
 			if via == "direct" {
 				impls = append(impls, sessionLock)
 			}
@@ -387,7 +389,14 @@ type accum struct {
 
 func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 	accs := make([]accum, len(sc.impls))
-	per := b.o.dur / time.Duration(b.o.rounds)
+	rounds := b.o.rounds
+	if sc.workers == 1 && !b.o.roundsSet {
+		// One worker's time per operation differs between implementations
+		// by tens of microseconds, less than the machine's drift over a
+		// second: finer interleaving lets the drift hit them all alike.
+		rounds *= 4
+	}
+	per := b.o.dur / time.Duration(rounds)
 	// A short unmeasured run of each implementation first, so that opening
 	// the pools' connections (tens of milliseconds each) does not land in the
 	// first implementation's wait times.
@@ -399,7 +408,7 @@ func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 			return nil, fmt.Errorf("%s/%s/%s (warm-up): %w", sc.name, sc.via, im.name, err)
 		}
 	}
-	for range b.o.rounds {
+	for range rounds {
 		for i, im := range sc.impls {
 			if sc.via == "pgbouncer" && !im.pgbouncerSafe {
 				continue
