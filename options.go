@@ -93,6 +93,7 @@ func WithShared() Option {
 // SQLSTATE 40001, and WithLock re-runs fn (see WithSerializationRetries).
 // Reads alone are not checked; prefer the default ReadCommitted, where every
 // statement of fn sees all that committed before the lock was granted.
+// ServerWait is refused above ReadCommitted (see ServerWait).
 func WithTxOptions(opts *sql.TxOptions) Option {
 	return func(c *config) {
 		c.txOpts = opts
@@ -188,6 +189,12 @@ func (c *config) init(opts []Option, inTx bool) error {
 	}
 	if sw, ok := c.retry.(interface{ serverWindow() time.Duration }); ok {
 		c.window = sw.serverWindow()
+		if c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
+			// The snapshot would be taken by the waiting statement, before
+			// the previous holder commits: fn would not see its writes.
+			c.fail("ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", c.txOpts.Isolation)
+			return errors.Join(c.errs...)
+		}
 	}
 	return nil
 }

@@ -142,9 +142,9 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
 // attempt.
 //
-// The callers of one process that wait for the same keys on the same pool
-// queue locally first, and only the head of that queue waits in the
-// server; when the holder's fn returns, the next caller starts its wait in
+// The WithLock calls of one process that wait for the same keys with the
+// same options on the same pool queue locally first, and only the head of
+// that queue waits in the server; when the holder's fn returns, the next caller starts its wait in
 // the server at once, and is granted the lock the moment the holder's
 // commit or rollback releases it. So at most one waiter per key per pool
 // waits in the server, and the server's queue serves the processes that
@@ -165,11 +165,14 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 //
 // With several keys (WithLocks), lock_timeout bounds the wait for each key,
 // so one attempt can wait up to Window per key; the wait's deadline still
-// ends it. Under RepeatableRead or Serializable the transaction's snapshot
-// is taken when the attempt starts, before its wait in the server, so a
-// holder that commits during the wait is invisible to fn; WithLock re-runs
-// fn when PostgreSQL reports the conflict as 40001, but prefer ReadCommitted
-// with ServerWait.
+// ends it.
+//
+// WithLock refuses ServerWait with a WithTxOptions isolation above
+// ReadCommitted (ErrInvalidArgument): under RepeatableRead or Serializable
+// the transaction's snapshot would be taken by the waiting statement, before
+// the previous holder commits, and fn would not see that holder's writes.
+// LockTx cannot check the caller's transaction: there, use ServerWait only
+// in a ReadCommitted transaction.
 //
 // TryWithLock, TryWithLocks and TryLockTx never wait in the server. The
 // zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.

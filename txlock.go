@@ -15,7 +15,10 @@ import (
 )
 
 // Beginner is what WithLock needs of a database: *sql.DB, *sql.Conn and
-// *sqlx.DB all satisfy it.
+// *sqlx.DB all satisfy it. A *sql.Conn is one session, with room for one
+// transaction: it must not be shared by WithLock calls that run at the same
+// time (database/sql lets a second transaction begin on it, inside the
+// first, where it would be granted the first one's locks).
 type Beginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
@@ -110,6 +113,10 @@ type lockState struct {
 }
 
 type lockStateKey struct{}
+
+// String implements fmt.Stringer, so that printing fn's context neither
+// walks the state's fields nor races with FenceToken.
+func (st *lockState) String() string { return "txlock.fnContext" }
 
 // Value implements context.Context: the lockState answers for its own key.
 func (st *lockState) Value(key any) any {
@@ -323,8 +330,8 @@ type runner struct {
 	db   Beginner
 	stmt string
 	// gateID names the local queue of this call's keys (zero if it does
-	// not queue: shared locks, try, ServerWait, a db handle that is not a
-	// pointer); gate is held while the call has the turn.
+	// not queue: shared locks, try, a db handle that is not a pointer);
+	// gate is held while the call has the turn.
 	gateID gateKey
 	gate   *gate
 	st     *lockState // the lease, and what fn's context carries
@@ -394,7 +401,7 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 	}
 	r.stmt = lockStatement(keys, c.shared, c.maxHold, true)
 	if !try && !c.shared {
-		r.gateID = gateKey{db: queueHandle(db), stmt: r.stmt}
+		r.gateID = gateKey{db: queueHandle(db), stmt: r.stmt, serverWait: c.window > 0}
 	}
 	defer r.leaveGate()
 	for round := 0; ; round++ {
@@ -566,11 +573,14 @@ type queuer interface {
 
 // gates are the local queues of WithLock calls that wait for the same keys
 // in this process: only the caller at the head of a queue polls the
-// database, and it keeps its turn while it holds the lock. When it is done,
-// the next caller tries at once, so the lock passes between goroutines of
-// one process without a sleep, in FIFO order, and the database sees one
-// poller per key per process instead of one per goroutine. Waiting in a
-// gate holds no connection. Other processes still compete by polling.
+// database (or, with ServerWait, waits in the server's queue), and it keeps
+// its turn while it holds the lock, until its fn returns (ServerWait) or its
+// transaction ends. Then the next caller tries at once, so the lock passes
+// between goroutines of one process without a sleep, in FIFO order, and the
+// database sees one waiter per key per process instead of one per
+// goroutine. Waiting in a gate holds no connection. Polling and ServerWait
+// calls queue apart: an early handoff to a poller would only find the lock
+// still held.
 var gates struct {
 	sync.Mutex
 	m map[gateKey]*gate
@@ -579,26 +589,41 @@ var gates struct {
 // gateKey names a local queue: the same keys (the same lock statement) on
 // the same database handle.
 type gateKey struct {
-	db   any // see queueHandle
-	stmt string
+	db         any // see queueHandle
+	stmt       string
+	serverWait bool
 }
 
 // queueHandle is the identity of db for the local queues, or nil if its
 // calls do not queue. A Beginner that wraps another handle for one call (as
 // package sqlxlock does) names the handle it wraps with a TxlockQueueHandle
 // method, so that its calls share a queue with every other call on that
-// handle. Only pointers qualify: any other value could hold something that
-// panics when compared.
+// handle. A pointer to a struct that embeds a *sql.DB (as *sqlx.DB does)
+// is that *sql.DB. Only pointers qualify: any other value could hold
+// something that panics when compared.
 func queueHandle(db Beginner) any {
 	var h any = db
 	if w, ok := db.(interface{ TxlockQueueHandle() any }); ok {
 		h = w.TxlockQueueHandle()
 	}
-	if h == nil || reflect.TypeOf(h).Kind() != reflect.Pointer {
+	if h == nil {
 		return nil
+	}
+	v := reflect.ValueOf(h)
+	if v.Kind() != reflect.Pointer {
+		return nil
+	}
+	if _, ok := h.(*sql.DB); !ok && !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+		if f, ok := v.Elem().Type().FieldByName("DB"); ok && f.Anonymous && f.Type == sqlDBType {
+			if inner := v.Elem().FieldByIndex(f.Index); !inner.IsNil() {
+				return inner.Interface()
+			}
+		}
 	}
 	return h
 }
+
+var sqlDBType = reflect.TypeOf((*sql.DB)(nil))
 
 // gate is one local queue: ch holds a token while no caller has the turn.
 type gate struct {

@@ -964,6 +964,7 @@ func TestFnContext(t *testing.T) {
 	var kept []context.Context
 	err = txlock.WithLock(caller, db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
 		kept = append(kept, ctx)
+		assert.Equal(t, "txlock.fnContext", fmt.Sprint(ctx), "printing the context does not walk the lock's state")
 		assert.Equal(t, "v", ctx.Value(ctxKey{}))
 		d, ok := ctx.Deadline()
 		assert.True(t, ok)

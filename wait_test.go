@@ -195,6 +195,20 @@ func TestServerWaitHandoff(t *testing.T) {
 
 	assert.ErrorIs(t, txlock.WithLock(context.Background(), db, key, benchSelect,
 		txlock.WithRetry(txlock.ServerWait{Window: time.Microsecond})), txlock.ErrInvalidArgument)
+
+	// Above ReadCommitted the waiting statement would take fn's snapshot
+	// before the previous holder commits: refused before the database is
+	// touched.
+	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSnapshot, sql.LevelSerializable} {
+		err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+			t.Error("fn ran")
+			return nil
+		}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: level}))
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, level.String())
+		assert.ErrorContains(t, err, "ServerWait needs ReadCommitted")
+	}
+	assert.NoError(t, txlock.WithLock(context.Background(), db, key, benchSelect,
+		txlock.WithRetry(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelReadCommitted})))
 }
 
 // In LockTx the server-side wait runs in a savepoint: a window that expires
@@ -281,6 +295,19 @@ func TestServerWaitLockTxDeadlock(t *testing.T) {
 func TestServerWaitLocalQueue(t *testing.T) {
 	admin := direct(t)
 	pools := []*sql.DB{direct(t), direct(t)}
+	for _, db := range pools {
+		// Two connections each (the holder's and the next waiter's), open
+		// before the test, so that no handoff waits for a new connection.
+		var txs []*sql.Tx
+		for range 2 {
+			tx, err := db.Begin()
+			require.NoError(t, err)
+			txs = append(txs, tx)
+		}
+		for _, tx := range txs {
+			require.NoError(t, tx.Rollback())
+		}
+	}
 	l := newLedger(t, admin)
 	key := txlock.StringKey(uniq(t))
 	release := hold(t, admin, key, false)
@@ -298,6 +325,9 @@ func TestServerWaitLocalQueue(t *testing.T) {
 					mu.Lock()
 					order = append(order, p)
 					mu.Unlock()
+					// A hold long enough for the other pool's next caller
+					// to queue in the server, even on a loaded machine.
+					time.Sleep(20 * time.Millisecond)
 					return l.step(ctx, tx)
 				}, txlock.WithRetry(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
 			}()
