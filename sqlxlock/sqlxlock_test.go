@@ -84,17 +84,25 @@ func TestSqlxMutualExclusion(t *testing.T) {
 	}
 }
 
-func TestSqlxTryAndLockTx(t *testing.T) {
-	db := open(t, pgtest.Postgres(t))
-	key := txlock.StringKey(t.Name())
+// heldKey opens a pool and takes the test's key in a transaction of its
+// own, with sqlxlock.TryLockTx.
+func heldKey(t *testing.T) (db *sqlx.DB, key txlock.Key, holder *sqlx.Tx) {
+	t.Helper()
+	db = open(t, pgtest.Postgres(t))
+	key = txlock.StringKey(t.Name())
 	holder, err := db.BeginTxx(context.Background(), nil)
 	require.NoError(t, err)
 	ok, err := sqlxlock.TryLockTx(context.Background(), holder, key)
 	require.NoError(t, err)
 	require.True(t, ok)
+	return db, key, holder
+}
+
+func TestSqlxTryAndLockTx(t *testing.T) {
+	db, key, holder := heldKey(t)
 
 	called := false
-	ok, err = sqlxlock.TryWithLock(context.Background(), db, key, func(context.Context, *sqlx.Tx) error { called = true; return nil })
+	ok, err := sqlxlock.TryWithLock(context.Background(), db, key, func(context.Context, *sqlx.Tx) error { called = true; return nil })
 	require.NoError(t, err)
 	assert.False(t, ok)
 	assert.False(t, called)
@@ -173,13 +181,7 @@ func TestSqlxFencing(t *testing.T) {
 // alone polls, whether they come through sqlxlock, or give txlock the
 // *sqlx.DB or its *sql.DB.
 func TestSqlxLocalQueue(t *testing.T) {
-	db := open(t, pgtest.Postgres(t))
-	key := txlock.StringKey(t.Name())
-	holder, err := db.BeginTxx(context.Background(), nil)
-	require.NoError(t, err)
-	ok, err := sqlxlock.TryLockTx(context.Background(), holder, key)
-	require.NoError(t, err)
-	require.True(t, ok)
+	db, key, holder := heldKey(t)
 
 	const callers = 8
 	attempts := make(chan int, callers)

@@ -52,15 +52,22 @@ func lockArgs(id int) string {
 	return "'" + strconv.FormatInt(n, 10) + "'::int8"
 }
 
-// inTx runs w in a plain transaction and commits.
+// inTx runs w in a plain transaction and commits. lock, if not nil, runs
+// first in the same transaction: it is the way the implementation takes its
+// lock, and w runs once it returns.
 func inTx(ctx context.Context, db interface {
 	BeginTx(context.Context, *sql.TxOptions) (*sql.Tx, error)
-}, id int, w work, granted func()) error {
+}, id int, w work, granted func(), lock func(*sql.Tx) error) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
+	if lock != nil {
+		if err := lock(tx); err != nil {
+			return err
+		}
+	}
 	if granted != nil {
 		granted()
 	}
@@ -85,7 +92,7 @@ func txlockImpl(name string, opts ...txlock.Option) impl {
 // plainTx is the baseline: the same transaction with no lock.
 var plainTx = impl{name: "plain-tx", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		return inTx(ctx, e.db, id, w, granted)
+		return inTx(ctx, e.db, id, w, granted, nil)
 	}}
 
 // plainTxRoundTrip is the plain transaction plus one SELECT 1: the floor of
@@ -93,19 +100,10 @@ var plainTx = impl{name: "plain-tx", pgbouncerSafe: true,
 // than assumed.
 var plainTxRoundTrip = impl{name: "plain-tx+1rt", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "SELECT 1")
 			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, "SELECT 1"); err != nil {
-			return err
-		}
-		granted()
-		if err := w(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit()
+		})
 	}}
 
 // plainTxLockStmt is the plain transaction plus txlock's own lock
@@ -114,44 +112,27 @@ var plainTxRoundTrip = impl{name: "plain-tx+1rt", pgbouncerSafe: true,
 // client-side work (options, timeout, local queue, retry loop).
 var plainTxLockStmt = impl{name: "plain-tx+lock-stmt", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		res, err := tx.ExecContext(ctx, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN "+
-			"set_config('txlock.in_recovery', 'txlock: the server is in recovery, no lock was attempted', true)::int = 0 "+
-			"WHEN pg_try_advisory_xact_lock("+lockArgs(id)+") THEN true ELSE false END")
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n != 1 {
-			return fmt.Errorf("lock statement: %d rows, %v", n, err)
-		}
-		granted()
-		if err := w(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit()
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			res, err := tx.ExecContext(ctx, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN "+
+				"set_config('txlock.in_recovery', 'txlock: the server is in recovery, no lock was attempted', true)::int = 0 "+
+				"WHEN pg_try_advisory_xact_lock("+lockArgs(id)+") THEN true ELSE false END")
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return fmt.Errorf("lock statement: %d rows, %v", n, err)
+			}
+			return nil
+		})
 	}}
 
 // forUpdate locks the row itself with SELECT … FOR UPDATE.
 var forUpdate = impl{name: "select-for-update", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		var one int
-		if err := tx.QueryRowContext(ctx, `SELECT 1 FROM bench_rows WHERE id = $1 FOR UPDATE`, id).Scan(&one); err != nil {
-			return err
-		}
-		granted()
-		if err := w(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit()
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			var one int
+			return tx.QueryRowContext(ctx, `SELECT 1 FROM bench_rows WHERE id = $1 FOR UPDATE`, id).Scan(&one)
+		})
 	}}
 
 // blocking is BEGIN; pg_advisory_xact_lock (waits in the server's queue);
@@ -159,48 +140,31 @@ var forUpdate = impl{name: "select-for-update", pgbouncerSafe: true,
 // connection per waiter.
 var blocking = impl{name: "pg-blocking", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock("+lockArgs(id)+")")
 			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, "SELECT pg_advisory_xact_lock("+lockArgs(id)+")"); err != nil {
-			return err
-		}
-		granted()
-		if err := w(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit()
+		})
 	}}
 
 // pollHeldTx polls pg_try_advisory_xact_lock every 50 ms + 0–20 ms jitter
 // inside one transaction, which it holds (with its connection) throughout.
 var pollHeldTx = impl{name: "poll-50ms-held-tx", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		stmt := "SELECT pg_try_advisory_xact_lock(" + lockArgs(id) + ")"
-		for {
-			var ok bool
-			if err := tx.QueryRowContext(ctx, stmt).Scan(&ok); err != nil {
-				return err
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			stmt := "SELECT pg_try_advisory_xact_lock(" + lockArgs(id) + ")"
+			for {
+				var ok bool
+				if err := tx.QueryRowContext(ctx, stmt).Scan(&ok); err != nil {
+					return err
+				}
+				if ok {
+					return nil
+				}
+				if err := sleepCtx(ctx, 50*time.Millisecond+rand.N(20*time.Millisecond+1)); err != nil {
+					return err
+				}
 			}
-			if ok {
-				break
-			}
-			if err := sleepCtx(ctx, 50*time.Millisecond+rand.N(20*time.Millisecond+1)); err != nil {
-				return err
-			}
-		}
-		granted()
-		if err := w(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit()
+		})
 	}}
 
 // sessionLock holds a dedicated *sql.Conn per worker and brackets the
@@ -222,7 +186,7 @@ func (s *sessionWorker) run(ctx context.Context, e *env, id int, w work, granted
 	if _, err := s.conn.ExecContext(ctx, "SELECT pg_advisory_lock("+lockArgs(id)+")"); err != nil {
 		return err
 	}
-	err := inTx(ctx, s.conn, id, w, granted)
+	err := inTx(ctx, s.conn, id, w, granted, nil)
 	var ok bool
 	if uerr := s.conn.QueryRowContext(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock("+lockArgs(id)+")").Scan(&ok); uerr != nil {
 		return errors.Join(err, uerr)
@@ -246,7 +210,7 @@ func redisLock(min, max time.Duration) impl {
 			if err != nil {
 				return err
 			}
-			err = inTx(ctx, e.db, id, w, granted)
+			err = inTx(ctx, e.db, id, w, granted, nil)
 			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
 		}}
 }
