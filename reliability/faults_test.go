@@ -2,7 +2,6 @@ package reliability_test
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -39,23 +38,11 @@ func TestFaultTerminateBackend(t *testing.T) {
 			require.True(t, run.WaitFor(100, 60*time.Second), "the workload made no progress")
 
 			// One call in a known state: it holds the lock and has written.
-			victim := l.Table("victim")
-			_, err := admin.ExecContext(ctx, `CREATE TABLE `+victim+` (v text)`)
+			table := l.Table("victim")
+			_, err := admin.ExecContext(ctx, `CREATE TABLE `+table+` (v text)`)
 			require.NoError(t, err)
-			key := txlock.StringKey(victim)
-			pids, resume, done := make(chan int, 1), make(chan struct{}), make(chan error, 1)
-			go func() {
-				done <- txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-					var pid int
-					if err := tx.QueryRowContext(ctx, `INSERT INTO `+victim+` VALUES ('written') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
-						return err
-					}
-					pids <- pid
-					<-resume
-					_, err := tx.ExecContext(ctx, `INSERT INTO `+victim+` VALUES ('after')`)
-					return err
-				})
-			}()
+			key := txlock.StringKey(table)
+			pids, resume, done := victim(db, key, table)
 			pid := <-pids
 			var ok bool
 			require.NoError(t, admin.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok))
@@ -66,13 +53,13 @@ func TestFaultTerminateBackend(t *testing.T) {
 			t.Logf("the terminated call returned (%s): %v", checker.Classify(err), err)
 			assert.Contains(t, connectionFaults, checker.Classify(err))
 			var n int
-			require.NoError(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM `+victim).Scan(&n))
+			require.NoError(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&n))
 			assert.Zero(t, n, "the terminated call's writes must vanish")
 			require.Eventually(t, func() bool {
 				p, err := checker.HeldBy(ctx, admin, key)
 				return err == nil && len(p) == 0
 			}, 5*time.Second, 10*time.Millisecond, "the terminated call's lock must be released")
-			_, err = admin.ExecContext(ctx, `DROP TABLE `+victim)
+			_, err = admin.ExecContext(ctx, `DROP TABLE `+table)
 			require.NoError(t, err)
 
 			// Random holders of the workload.

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
 )
@@ -156,4 +157,23 @@ func finish(t testing.TB, l *checker.Ledger, leaks *checker.Leaks, admin *sql.DB
 		require.NoError(t, l.Drop(context.Background()))
 	}
 	leaks.RequireNone(t, admin, pools...)
+}
+
+// victim runs WithLock on key through db; fn writes a row to table, sends its
+// backend pid, waits for resume, and then runs another statement.
+func victim(db *sql.DB, key txlock.Key, table string, opts ...txlock.Option) (pids chan int, resume chan struct{}, done chan error) {
+	pids, resume, done = make(chan int, 1), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+			var pid int
+			if err := tx.QueryRowContext(ctx, `INSERT INTO `+table+` VALUES ('written') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
+				return err
+			}
+			pids <- pid
+			<-resume
+			_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('after')`)
+			return err
+		}, opts...)
+	}()
+	return pids, resume, done
 }

@@ -154,25 +154,6 @@ func testLatency(t *testing.T, target networkTarget) {
 	figures(t, "target=%s acquisitions=%d failures=%d overlaps=%d lost=%d", target.name, s.Acquisitions, s.Failures, rep.Overlaps, rep.LostUpdates())
 }
 
-// victim runs WithLock on key through db; fn writes a row to table, sends its
-// backend pid, waits for resume, and then runs another statement.
-func victim(db *sql.DB, key txlock.Key, table string, opts ...txlock.Option) (pids chan int, resume chan struct{}, done chan error) {
-	pids, resume, done = make(chan int, 1), make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
-			var pid int
-			if err := tx.QueryRowContext(ctx, `INSERT INTO `+table+` VALUES ('written') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
-				return err
-			}
-			pids <- pid
-			<-resume
-			_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('after')`)
-			return err
-		}, opts...)
-	}()
-	return pids, resume, done
-}
-
 func rowCount(t *testing.T, admin *sql.DB, table string) int {
 	t.Helper()
 	var n int
