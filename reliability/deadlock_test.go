@@ -19,8 +19,10 @@ import (
 // crossLock has two caller-owned transactions each take one key, then ask
 // for the other's with LockTx and opts. It returns what each second LockTx
 // returned, how long the pair took, and whether each transaction was still
-// usable afterwards.
-func crossLock(t *testing.T, db *sql.DB, opts ...txlock.Option) (errs [2]error, took time.Duration, usable [2]bool) {
+// usable afterwards. With holdBoth, neither transaction ends before both
+// LockTx calls have returned, so a loser's rollback cannot let the other
+// through; without it, a loser rolls back at once.
+func crossLock(t *testing.T, db *sql.DB, holdBoth bool, opts ...txlock.Option) (errs [2]error, took time.Duration, usable [2]bool) {
 	t.Helper()
 	ctx := context.Background()
 	base := fmt.Sprintf("deadlock/%s/%d", t.Name(), time.Now().UnixNano())
@@ -33,12 +35,17 @@ func crossLock(t *testing.T, db *sql.DB, opts ...txlock.Option) (errs [2]error, 
 		require.NoError(t, txlock.LockTx(ctx, tx, keys[i]))
 	}
 	start := time.Now()
-	var wg sync.WaitGroup
+	var wg, returned sync.WaitGroup
+	returned.Add(len(txs))
 	for i := range txs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			errs[i] = txlock.LockTx(ctx, txs[i], keys[1-i], opts...)
+			returned.Done()
+			if holdBoth {
+				returned.Wait()
+			}
 			if errs[i] != nil {
 				// The loser's transaction must still answer, then it
 				// rolls back, which lets the other through.
@@ -72,7 +79,7 @@ func TestDeadlock(t *testing.T) {
 			db := pool(t, dsn, 4)
 
 			t.Run("server wait reports 40P01", func(t *testing.T) {
-				errs, took, usable := crossLock(t, db, txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithTimeout(10*time.Second))
+				errs, took, usable := crossLock(t, db, false, txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithTimeout(10*time.Second))
 				t.Logf("took %v: %v / %v", took.Round(time.Millisecond), errs[0], errs[1])
 				loser := 0
 				if errs[0] == nil {
@@ -89,8 +96,11 @@ func TestDeadlock(t *testing.T) {
 				figures(t, "path=%s detected_after=%v sqlstate=%s", path, took.Round(time.Millisecond), txlock.SQLState(errs[loser]))
 			})
 
+			// Both calls must time out while both transactions still hold
+			// their first key. (If the first to time out rolled back at
+			// once, the other could be granted in its last attempts.)
 			t.Run("polling times out", func(t *testing.T) {
-				errs, took, _ := crossLock(t, db, txlock.WithTimeout(time.Second))
+				errs, took, _ := crossLock(t, db, true, txlock.WithTimeout(time.Second))
 				t.Logf("took %v: %v / %v", took.Round(time.Millisecond), errs[0], errs[1])
 				for _, err := range errs {
 					assert.ErrorIs(t, err, txlock.ErrLockTimeout)
