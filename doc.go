@@ -23,11 +23,15 @@
 // key queue locally, so only one of them polls and the lock passes between
 // them without a sleep. Waiters therefore hold no connection between
 // attempts, which is what lets many of them wait behind a small PgBouncer
-// pool in transaction mode. The wait ends at the earlier of the context's
-// deadline and WithTimeout (DefaultTimeout). WithRetry(ServerWait{…}) has
-// the head of that local queue wait in PostgreSQL's lock queue instead, a
-// bounded window per attempt: fair between processes and with no handoff
-// gap, but holding a connection (one per key per pool) while it waits.
+// pool in transaction mode. (The one exception is brief: when a holder's
+// fn returns, the next caller in its local queue begins its transaction
+// while the holder's COMMIT or ROLLBACK runs, holding it for at most 50 ms
+// of that, and tries once the COMMIT has returned.) The wait ends at the
+// earlier of the context's deadline and WithTimeout (DefaultTimeout).
+// WithRetry(ServerWait{…}) has the head of that local queue wait in
+// PostgreSQL's lock queue instead, a bounded window per attempt: fair
+// between processes and with no handoff gap, but holding a connection (one
+// per key per pool) while it waits.
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. WithShared takes reader

@@ -16,3 +16,15 @@ func Gates() int {
 	defer gates.Unlock()
 	return len(gates.m)
 }
+
+// GateRefs reports how many calls are queued in, or hold the turn of, the
+// local queues.
+func GateRefs() int {
+	gates.Lock()
+	defer gates.Unlock()
+	n := 0
+	for _, g := range gates.m {
+		n += g.refs
+	}
+	return n
+}

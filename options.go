@@ -59,7 +59,8 @@ func WithTimeout(d time.Duration) Option {
 // WithRetry sets the wait strategy: how attempts are spaced out. Without
 // it, the zero ExponentialBackoff is used. Polling strategies
 // (ExponentialBackoff, ConstantBackoff, LinearBackoff) hold no connection
-// between attempts; ServerWait waits in the server's lock queue for a
+// between attempts (see WithLock for the one brief exception, at a local
+// handoff); ServerWait waits in the server's lock queue for a
 // bounded window per attempt.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {

@@ -144,9 +144,9 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 //
 // The WithLock calls of one process that wait for the same keys with the
 // same options on the same pool queue locally first, and only the head of
-// that queue waits in the server; when the holder's fn returns, the next caller starts its wait in
-// the server at once, and is granted the lock the moment the holder's
-// commit or rollback releases it. So at most one waiter per key per pool
+// that queue waits in the server; when the holder's fn returns, the next
+// caller starts its wait in the server at once, and is granted the lock
+// the moment the holder's commit or rollback releases it. So at most one waiter per key per pool
 // waits in the server, and the server's queue serves the processes that
 // wait for a key in turn.
 //
@@ -155,7 +155,7 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // at a time, then it lets go. Waiters for k different busy keys can occupy
 // k connections of a pool for up to Window. Choose it with the pool in mind,
 // or use a polling strategy, whose waiters hold no connection between
-// attempts.
+// attempts (but for the brief handoff that WithLock describes).
 //
 // In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves
 // the caller's transaction usable, and a deadlock between caller

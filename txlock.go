@@ -165,7 +165,11 @@ func Held(ctx context.Context) bool {
 // and when it is done the next tries at once, so the lock passes between
 // goroutines of one process with no sleep in between and the database sees
 // one poller per key per process. Waiting in that queue holds no connection
-// either. With WithRetry(ServerWait{…}) the head of that queue waits for
+// either, except at a handoff on a *sql.DB: once the holder's fn returns,
+// the next caller begins its transaction while the holder's COMMIT or
+// ROLLBACK runs, holds it for at most 50 ms of that (then it rolls back and
+// waits without it), and sends its lock statement once the COMMIT has
+// returned. With WithRetry(ServerWait{…}) the head of that queue waits for
 // the lock in the server's queue, for a bounded window per attempt, instead
 // of polling (see ServerWait). The wait
 // ends at the earlier of the context's deadline and the WithTimeout option
@@ -334,10 +338,17 @@ type runner struct {
 	// gate is held while the call has the turn.
 	gateID gateKey
 	gate   *gate
-	st     *lockState // the lease, and what fn's context carries
-	st0    lockState  // st of the first round
-	one    [1]Key
-	h      holder
+	// prevEnd, if not nil, ends with the transaction of the caller that
+	// handed this call its turn before that transaction ended: the next
+	// lock statement waits for it (see handOn).
+	prevEnd chan struct{}
+	// end, if not nil, is closed once this call's transaction has ended:
+	// it handed its turn on before then (see handOn).
+	end chan struct{}
+	st  *lockState // the lease, and what fn's context carries
+	st0 lockState  // st of the first round
+	one [1]Key
+	h   holder
 }
 
 // enqueue implements queuer.
@@ -345,8 +356,8 @@ func (r *runner) enqueue(waitCtx context.Context) (queued, turn bool) {
 	if r.gateID.db == nil || r.gate != nil {
 		return false, false
 	}
-	g, ok := enterGate(waitCtx, r.gateID)
-	r.gate = g
+	g, prevEnd, ok := enterGate(waitCtx, r.gateID)
+	r.gate, r.prevEnd = g, prevEnd
 	return true, ok
 }
 
@@ -366,10 +377,89 @@ func (r *runner) queueFirst() bool {
 }
 
 // leaveGate gives up the call's turn in its local queue, if it has one.
+// An end of a previous transaction that the call did not wait for passes
+// on with the turn. It is called once the call's transaction has ended.
 func (r *runner) leaveGate() {
+	if r.end != nil {
+		close(r.end)
+		r.end = nil
+	}
 	if r.gate != nil {
-		leaveGate(r.gateID, r.gate, true)
-		r.gate = nil
+		leaveGate(r.gateID, r.gate, true, r.prevEnd)
+		r.gate, r.prevEnd = nil, nil
+	}
+}
+
+// handOn passes a polling call's turn on once fn has returned, before its
+// transaction ends, if another caller is queued. The next caller begins its
+// transaction while this one's COMMIT or ROLLBACK is in flight, and sends
+// its lock statement once that has returned (r.end, closed by leaveGate):
+// the lock passes with the round trip of one statement instead of two, and
+// that waiter holds its connection only while the COMMIT runs, for at most
+// maxEarlyBegin (see runner.begin).
+func (r *runner) handOn() {
+	gates.Lock()
+	queued := r.gate.refs > 1
+	gates.Unlock()
+	if !queued {
+		return // nobody to hand on to: keep the turn until the end
+	}
+	// r.prevEnd is nil: the lock statement that granted this call's lock
+	// waited for it.
+	r.end = make(chan struct{})
+	leaveGate(r.gateID, r.gate, true, r.end)
+	r.gate = nil
+}
+
+// maxEarlyBegin bounds how long a caller that was handed its turn early
+// (see handOn) holds its begun transaction, and so a connection, while the
+// previous holder's COMMIT runs.
+const maxEarlyBegin = 50 * time.Millisecond
+
+// begin begins an attempt's transaction. After an early handoff it then
+// waits for the previous holder's COMMIT or ROLLBACK to return, so that the
+// lock statement finds the lock free and takes its snapshot after that
+// COMMIT. If it takes longer than maxEarlyBegin, the transaction is rolled
+// back, and begun again once it has returned. When the pool has no idle
+// connection, the early BEGIN would have to open one, or wait for the
+// holder's: begin then waits first.
+func (r *runner) begin(ctx context.Context) (*sql.Tx, error) {
+	if r.prevEnd != nil {
+		if pool, ok := r.gateID.db.(*sql.DB); !ok || pool.Stats().Idle == 0 {
+			if err := r.awaitPrev(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	tx, err := r.db.BeginTx(ctx, r.c.txOpts)
+	if err != nil || r.prevEnd == nil {
+		return tx, err
+	}
+	t := time.NewTimer(maxEarlyBegin)
+	defer t.Stop()
+	select {
+	case <-r.prevEnd:
+		r.prevEnd = nil
+		return tx, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	_ = tx.Rollback()
+	if err := r.awaitPrev(ctx); err != nil {
+		return nil, err
+	}
+	return r.db.BeginTx(ctx, r.c.txOpts)
+}
+
+// awaitPrev waits, without a transaction, for the end of the transaction
+// that handed this call its turn early, or for ctx.
+func (r *runner) awaitPrev(ctx context.Context) error {
+	select {
+	case <-r.prevEnd:
+		r.prevEnd = nil
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
 	}
 }
 
@@ -429,12 +519,17 @@ func run(ctx context.Context, db Beginner, keys []Key, one Key, fn func(context.
 		}
 		r.st.db, r.st.tx = db, r.h.tx
 		var handoff func()
-		if _, pool := r.gateID.db.(*sql.DB); pool && c.window > 0 && r.gate != nil {
-			// The next caller may start its wait in the server as soon as
-			// fn is done: the server grants it the lock the moment this
-			// transaction ends, with no round trip in between. Not on a
-			// single connection, which has room for one transaction only.
-			handoff = r.leaveGate
+		if _, pool := r.gateID.db.(*sql.DB); pool && r.gate != nil {
+			// The next caller of this process may start as soon as fn is
+			// done. Not on a single connection, which has room for one
+			// transaction only.
+			if c.window > 0 {
+				// Its wait in the server is granted the moment this
+				// transaction ends, with no round trip in between.
+				handoff = r.leaveGate
+			} else {
+				handoff = r.handOn
+			}
 		}
 		err = r.h.run(fn, r.st, handoff)
 		r.leaveGate()
@@ -574,13 +669,15 @@ type queuer interface {
 // gates are the local queues of WithLock calls that wait for the same keys
 // in this process: only the caller at the head of a queue polls the
 // database (or, with ServerWait, waits in the server's queue), and it keeps
-// its turn while it holds the lock, until its fn returns (ServerWait) or its
-// transaction ends. Then the next caller tries at once, so the lock passes
-// between goroutines of one process without a sleep, in FIFO order, and the
-// database sees one waiter per key per process instead of one per
+// its turn while it holds the lock, until its fn returns (on a *sql.DB) or
+// its transaction ends. Then the next caller goes at once, so the lock
+// passes between goroutines of one process without a sleep, in FIFO order,
+// and the database sees one waiter per key per process instead of one per
 // goroutine. Waiting in a gate holds no connection. Polling and ServerWait
-// calls queue apart: an early handoff to a poller would only find the lock
-// still held.
+// calls queue apart, as their handoffs differ: a ServerWait caller starts
+// its wait in the server at once, a polling one begins its transaction and
+// sends its lock statement once the previous holder's COMMIT or ROLLBACK
+// has returned (see runner.handOn).
 var gates struct {
 	sync.Mutex
 	m map[gateKey]*gate
@@ -625,39 +722,43 @@ func queueHandle(db Beginner) any {
 
 var sqlDBType = reflect.TypeOf((*sql.DB)(nil))
 
-// gate is one local queue: ch holds a token while no caller has the turn.
+// gate is one local queue: ch holds the turn while no caller has it. The
+// turn carries the end of the previous holder's transaction if it was
+// handed on before that ended (see runner.handOn), and nil otherwise.
 type gate struct {
-	ch   chan struct{}
+	ch   chan chan struct{}
 	refs int // callers queued or holding the turn
 }
 
-// enterGate waits for the turn at gate id, until waitCtx ends.
-func enterGate(waitCtx context.Context, id gateKey) (*gate, bool) {
+// enterGate waits for the turn at gate id, until waitCtx ends. prevEnd is
+// what the turn carries.
+func enterGate(waitCtx context.Context, id gateKey) (g *gate, prevEnd chan struct{}, ok bool) {
 	gates.Lock()
 	if gates.m == nil {
 		gates.m = map[gateKey]*gate{}
 	}
-	g := gates.m[id]
+	g = gates.m[id]
 	if g == nil {
-		g = &gate{ch: make(chan struct{}, 1)}
-		g.ch <- struct{}{}
+		g = &gate{ch: make(chan chan struct{}, 1)}
+		g.ch <- nil
 		gates.m[id] = g
 	}
 	g.refs++
 	gates.Unlock()
 	select {
-	case <-g.ch:
-		return g, true
+	case prevEnd = <-g.ch:
+		return g, prevEnd, true
 	case <-waitCtx.Done():
-		leaveGate(id, g, false)
-		return nil, false
+		leaveGate(id, g, false, nil)
+		return nil, nil, false
 	}
 }
 
-// leaveGate leaves gate id, passing the turn on if the caller had it.
-func leaveGate(id gateKey, g *gate, hadTurn bool) {
+// leaveGate leaves gate id, passing the turn on, with prevEnd, if the
+// caller had it.
+func leaveGate(id gateKey, g *gate, hadTurn bool, prevEnd chan struct{}) {
 	if hadTurn {
-		g.ch <- struct{}{}
+		g.ch <- prevEnd
 	}
 	gates.Lock()
 	if g.refs--; g.refs == 0 {
@@ -730,7 +831,7 @@ func (r *runner) attempt(ctx, waitCtx context.Context, deadline time.Time, windo
 	} else {
 		timer = time.AfterFunc(time.Until(deadline), func() { txCancel(context.DeadlineExceeded) })
 	}
-	tx, err := r.db.BeginTx(txCtx, c.txOpts)
+	tx, err := r.begin(txCtx)
 	if err != nil {
 		unbind(timer, stopAfter)
 		txCancel(nil)

@@ -947,6 +947,123 @@ func TestLocalQueue(t *testing.T) {
 	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
 }
 
+// When a polling caller that has the turn of a local queue is done with fn,
+// the next caller in the queue begins its transaction while the COMMIT is
+// in flight, and sends its lock statement once the COMMIT has returned: its
+// one attempt finds the lock free, and at RepeatableRead its snapshot,
+// taken by that statement, sees what the previous holder committed. It
+// holds that transaction for at most 50 ms of a slow COMMIT (1 s here),
+// then waits without a connection. A caller that gives up while it waits
+// for the COMMIT hands the wait on to the next.
+func TestPollingEarlyHandoff(t *testing.T) {
+	app := strings.NewReplacer("/", "_").Replace(uniq(t))
+	url := pgtest.Postgres(t)
+	if strings.Contains(url, "?") {
+		url += "&application_name=" + app
+	} else {
+		url += "?application_name=" + app
+	}
+	db := open(t, url)
+	admin := direct(t)
+	// The early BEGIN takes an idle connection of the pool (without one it
+	// would wait for the holder's): have two.
+	var conns []*sql.Conn
+	for range 2 {
+		c, err := db.Conn(context.Background())
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		require.NoError(t, c.Close())
+	}
+	table := `"` + uniq(t) + `"`
+	_, err := admin.Exec(`CREATE TABLE ` + table + ` (id int);
+		CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$;
+		CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON ` + table + ` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + table + `; DROP FUNCTION slow_commit()`) })
+
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, admin, key, false)
+	rr := txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+
+	// The first caller polls until release, then holds the turn; its fn
+	// returns once two more callers are queued behind it, and its COMMIT
+	// then takes 1 s.
+	fnDone := make(chan struct{})
+	var holderPID int
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		assert.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+			if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES (1)`); err != nil {
+				return err
+			}
+			assert.Eventually(t, func() bool { return txlock.GateRefs() == 3 }, 10*time.Second, time.Millisecond)
+			close(fnDone)
+			return nil
+		}, txlock.WithTimeout(20*time.Second)))
+	}()
+	require.Eventually(t, func() bool { return txlock.GateRefs() == 1 }, 10*time.Second, time.Millisecond, "the first caller queues")
+	release()
+
+	// The second caller gives up 200 ms into the first one's COMMIT.
+	giveUp, cancelSecond := context.WithCancel(ctx)
+	defer cancelSecond()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := txlock.WithLock(giveUp, db, key, func(context.Context, *sql.Tx) error {
+			t.Error("the second caller's fn ran")
+			return nil
+		}, txlock.WithTimeout(20*time.Second), rr)
+		assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	}()
+	require.Eventually(t, func() bool { return txlock.GateRefs() == 2 }, 10*time.Second, time.Millisecond)
+	var lease txlock.Lease
+	var seen int
+	var thirdStarted time.Time
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		assert.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+			thirdStarted = time.Now()
+			lease, _ = txlock.LeaseFromContext(ctx)
+			return tx.QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&seen)
+		}, txlock.WithTimeout(20*time.Second), rr))
+	}()
+
+	// While the first caller's COMMIT runs, a waiter of the same pool is
+	// idle in its transaction at first (the second caller for 50 ms, then
+	// the third for 50 ms once the second has given up at 200 ms), and
+	// none is for the rest of that second.
+	<-fnDone
+	start := time.Now()
+	time.AfterFunc(200*time.Millisecond, cancelSecond)
+	var idle []time.Duration
+	for time.Since(start) < 900*time.Millisecond {
+		var n int
+		require.NoError(t, admin.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle in transaction' AND pid <> $2`, app, holderPID).Scan(&n))
+		if n > 0 {
+			idle = append(idle, time.Since(start))
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	wg.Wait()
+	require.NotEmpty(t, idle, "the next caller begins its transaction during the COMMIT")
+	t.Logf("a waiter was idle in its transaction in %d samples, the last %v after fn returned; the third caller's fn started after %v", len(idle), idle[len(idle)-1], thirdStarted.Sub(start))
+	assert.Less(t, idle[len(idle)-1], 600*time.Millisecond, "no waiter holds its transaction through a slow COMMIT")
+	assert.Greater(t, thirdStarted.Sub(start), 900*time.Millisecond, "the third caller's fn starts after the first's COMMIT has returned")
+	assert.Equal(t, 1, lease.Attempts, "its one attempt found the lock free")
+	assert.Equal(t, 1, seen, "its snapshot sees the first caller's row")
+	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+}
+
 // fn's context is the caller's, with the lock's state added: values,
 // deadline and cancellation pass through, contexts derived from it still
 // find the Lease, and a context kept from a round that a serialization

@@ -359,7 +359,10 @@ func scenarios(o options) []scenario {
 	for _, via := range []string{"direct", "pgbouncer"} {
 		out = append(out, scenario{name: "many-keys", via: via, workers: 64, keys: 1000, fn: updateAndHold(0), impls: many})
 	}
+	// Between processes, polling is what passes the lock: a backoff tuned to
+	// the hold time (a poll every 1–2 ms here) is measured there too.
 	fair := append([]impl{txlockImpl("txlock"), blocking, rl}, txlockStrategies()...)
+	fair = append(fair, txlockImpl("txlock/backoff-hold", txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Millisecond, Jitter: time.Millisecond})))
 	out = append(out, scenario{name: "two-pools", via: "direct", workers: 16, pools: 2, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
 	return out
 }
