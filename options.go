@@ -94,7 +94,8 @@ func WithShared() Option {
 // SQLSTATE 40001, and WithLock re-runs fn (see WithSerializationRetries).
 // Reads alone are not checked; prefer the default ReadCommitted, where every
 // statement of fn sees all that committed before the lock was granted.
-// ServerWait is refused above ReadCommitted (see ServerWait).
+// ServerWait is refused above ReadCommitted, whether the level comes from
+// here or from the server (see ServerWait).
 func WithTxOptions(opts *sql.TxOptions) Option {
 	return func(c *config) {
 		c.txOpts = opts
@@ -149,8 +150,10 @@ func WithFailOpen(logger *slog.Logger) Option {
 // database out of it, or pass 0.
 //
 // The default is DefaultSerializationRetries for RepeatableRead and
-// Serializable transactions (see WithTxOptions for why), and 0 otherwise. n
-// must not be negative.
+// Serializable transactions (see WithTxOptions for why), and 0 otherwise.
+// The level is the one WithTxOptions sets: where it comes from the server's
+// default_transaction_isolation instead, the default is 0, so pass this
+// option. n must not be negative.
 func WithSerializationRetries(n int) Option {
 	return func(c *config) {
 		if n < 0 {

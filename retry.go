@@ -167,12 +167,15 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // so one attempt can wait up to Window per key; the wait's deadline still
 // ends it.
 //
-// WithLock refuses ServerWait with a WithTxOptions isolation above
-// ReadCommitted (ErrInvalidArgument): under RepeatableRead or Serializable
-// the transaction's snapshot would be taken by the waiting statement, before
-// the previous holder commits, and fn would not see that holder's writes.
-// LockTx cannot check the caller's transaction: there, use ServerWait only
-// in a ReadCommitted transaction.
+// ServerWait needs a ReadCommitted transaction: under RepeatableRead or
+// Serializable the transaction's snapshot would be taken by the waiting
+// statement, before the previous holder commits, and fn would not see that
+// holder's writes. WithLock refuses a WithTxOptions isolation above
+// ReadCommitted before touching the database, and the waiting statement
+// itself refuses a transaction above it before it waits, whatever set the
+// level (the server's default_transaction_isolation, or the caller's
+// transaction in LockTx, which stays usable). Both refusals match
+// ErrInvalidArgument.
 //
 // TryWithLock, TryWithLocks and TryLockTx never wait in the server. The
 // zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.

@@ -307,17 +307,21 @@ func (a *txAttempt) attempt(ctx, _ context.Context, _ time.Time, window time.Dur
 	}
 	out, err := tryLock(ctx, a.tx, "SAVEPOINT "+savepoint+"; "+waitStatement(a.lease.Keys, a.c.shared, a.c.maxHold, window))
 	if err != nil {
-		switch SQLState(err) {
-		case "55P03", "40P01":
+		if code := SQLState(err); code == "55P03" || code == "40P01" || isIsolationError(err) {
 			if _, rerr := a.tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint+"; RELEASE SAVEPOINT "+savepoint); rerr != nil {
 				return busy, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
 			}
-			if SQLState(err) == "40P01" {
+			if code == "40P01" {
 				// A deadlock between caller transactions: waiting again would
 				// deadlock again. The caller's transaction is still usable.
 				return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.lease.Keys), err)
 			}
-			return busy, nil
+			if code == "55P03" {
+				return busy, nil
+			}
+			// The isolation level was refused (see waitStatement). The
+			// caller's transaction is still usable.
+			return busy, err
 		}
 		return busy, err
 	}
@@ -973,6 +977,9 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 		if isStandbyError(err) {
 			return standby, nil
 		}
+		if isIsolationError(err) {
+			return busy, errServerWaitIsolation(err)
+		}
 		return busy, fmt.Errorf("txlock: lock statement: %w", err)
 	}
 	n, err := res.RowsAffected()
@@ -1058,18 +1065,42 @@ func isStandbyError(err error) bool {
 	return SQLState(err) == "22P02" && strings.Contains(err.Error(), standbyMarker)
 }
 
+// isolationMarker begins the text of the error by which waitStatement
+// refuses a transaction above ReadCommitted; the level follows it.
+const isolationMarker = "txlock: ServerWait refused, the transaction is "
+
+// isIsolationError reports waitStatement's refusal of the transaction's
+// isolation level.
+func isIsolationError(err error) bool {
+	return SQLState(err) == "22P02" && strings.Contains(err.Error(), isolationMarker)
+}
+
+// errServerWaitIsolation explains isIsolationError's err.
+func errServerWaitIsolation(err error) error {
+	return fmt.Errorf("%w: ServerWait needs ReadCommitted: the snapshot of a transaction above it would be taken before the wait, so fn would not see the previous holder's writes (the level may come from the server's default_transaction_isolation): %w", ErrInvalidArgument, err)
+}
+
 // waitStatement builds the statement of an attempt that waits for the lock
 // in the server's queue (ServerWait) for at most window. Its rows mean what
 // lockStatement's mean, and it too takes no parameters:
 //
 //	SELECT 1 FROM generate_series(1, CASE
 //	  WHEN pg_is_in_recovery() THEN 2
+//	  WHEN current_setting('transaction_isolation') <> 'read committed'
+//	    THEN set_config('txlock.isolation', '<isolationMarker>' || current_setting('transaction_isolation'), true)::int
 //	  WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0
 //	  WHEN set_config('lock_timeout', '<window ms>', true) IS NULL THEN 0
 //	  WHEN pg_advisory_xact_lock(k1)::text IS NULL THEN 0
 //	  WHEN pg_advisory_xact_lock(k2)::text IS NULL THEN 0 ...
 //	  WHEN set_config('lock_timeout', current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0
 //	  ELSE 1 END)
+//
+// A transaction above ReadCommitted is refused before any wait, with an
+// error (22P02) that carries isolationMarker: its snapshot, taken by this
+// statement, would predate the previous holder's commit, and fn would not
+// see that holder's writes. WithTxOptions above ReadCommitted is refused
+// before the database is touched; this catches a level that comes from
+// the server (default_transaction_isolation) or, in LockTx, the caller.
 //
 // CASE evaluates its branches in order, so lock_timeout is set before the
 // waits and, once every lock is granted, set back to what it was: fn's own
@@ -1088,7 +1119,9 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 		fn = "pg_advisory_xact_lock_shared("
 	}
 	b := make([]byte, 0, 384+len(keys)*(len(fn)+64))
-	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"...)
+	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
+		" WHEN current_setting('transaction_isolation') <> 'read committed'"+
+		" THEN set_config('txlock.isolation', '"+isolationMarker+"' || current_setting('transaction_isolation'), true)::int"...)
 	b = appendHoldBound(b, maxHold, " THEN 0")
 	b = append(b, " WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+
 		" WHEN set_config('lock_timeout', '"...)

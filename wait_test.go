@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
 )
 
 // serverWait is a short window, so that the tests see windows expire.
@@ -238,6 +240,56 @@ func TestServerWaitLockTx(t *testing.T) {
 	assert.Equal(t, "7s", lt)
 	require.NoError(t, tx.Commit())
 	assert.Zero(t, heldBy(t, db, key))
+}
+
+// A transaction above ReadCommitted is refused by the waiting statement
+// itself, before it waits, when the level comes from where WithTxOptions
+// cannot see it: the server's default_transaction_isolation (WithLock), or
+// the caller's transaction (LockTx, whose transaction stays usable).
+func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
+	url := pgtest.Postgres(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	rrDB := open(t, url+sep+"default_transaction_isolation=repeatable%20read")
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false) // a refusal must not wait for it first
+	defer release()
+
+	start := time.Now()
+	err := txlock.WithLock(context.Background(), rrDB, key, func(context.Context, *sql.Tx) error {
+		t.Error("fn ran")
+		return nil
+	}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "ServerWait needs ReadCommitted")
+	assert.ErrorContains(t, err, "the transaction is repeatable read")
+	assert.Less(t, time.Since(start), 2*time.Second, "refused before the wait")
+
+	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: level})
+		require.NoError(t, err)
+		err = txlock.LockTx(context.Background(), tx, key, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, level.String())
+		var one int
+		assert.NoError(t, tx.QueryRow(`SELECT 1`).Scan(&one), "the caller's transaction is still usable")
+		require.NoError(t, tx.Rollback())
+	}
+
+	// Polling is not refused there: its snapshot is taken an instant
+	// before the grant (see WithTxOptions).
+	release()
+	ran := false
+	require.NoError(t, txlock.WithLock(context.Background(), rrDB, key, func(ctx context.Context, tx *sql.Tx) error {
+		ran = true
+		var level string
+		require.NoError(t, tx.QueryRowContext(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&level))
+		assert.Equal(t, "repeatable read", level)
+		return nil
+	}))
+	assert.True(t, ran)
 }
 
 // Two caller transactions that take two keys in opposite orders with
