@@ -24,9 +24,10 @@
 // them without a sleep. Waiters therefore hold no connection between
 // attempts, which is what lets many of them wait behind a small PgBouncer
 // pool in transaction mode. (The one exception is brief: when a holder's
-// fn returns, the next caller in its local queue begins its transaction
-// while the holder's COMMIT or ROLLBACK runs, holding it for at most 50 ms
-// of that, and tries once the COMMIT has returned.) The wait ends at the
+// fn returns, the next caller in its local queue on the same *sql.DB
+// begins its transaction, if the pool has an idle connection, while the
+// holder's COMMIT or ROLLBACK runs, holding it for at most 50 ms of that,
+// and tries once the COMMIT has returned.) The wait ends at the
 // earlier of the context's deadline and WithTimeout (DefaultTimeout).
 // WithRetry(ServerWait{…}) has the head of that local queue wait in
 // PostgreSQL's lock queue instead, a bounded window per attempt: fair
@@ -75,9 +76,9 @@
 // # Errors
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
-// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed, ErrInvalidArgument,
-// ErrInvalidKey, ErrNoToken, ErrStaleToken (a *StaleTokenError) and
-// ErrRowNotFound are matched with errors.Is. Errors from fn are returned as
-// they are, and SQLState reads a PostgreSQL error code from any of them
-// without importing a driver.
+// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed,
+// ErrInvalidArgument, ErrInvalidKey, ErrNoToken, ErrStaleToken (a
+// *StaleTokenError) and ErrRowNotFound are matched with errors.Is. Errors
+// from fn are returned as they are, and SQLState reads a PostgreSQL error
+// code from any of them without importing a driver.
 package txlock

@@ -15,8 +15,8 @@ import (
 const DefaultTimeout = 5 * time.Second
 
 // DefaultSerializationRetries is how many times WithLock re-runs fn after a
-// serialization failure (SQLSTATE 40001) or deadlock (40P01) when the
-// transaction isolation is RepeatableRead or Serializable. See
+// serialization failure (SQLSTATE 40001) or deadlock (40P01) when
+// WithTxOptions sets the isolation to RepeatableRead or Serializable. See
 // WithSerializationRetries.
 const DefaultSerializationRetries = 3
 

@@ -142,13 +142,13 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
 // attempt.
 //
-// The WithLock calls of one process that wait for the same keys with the
-// same options on the same pool queue locally first, and only the head of
-// that queue waits in the server; when the holder's fn returns, the next
-// caller starts its wait in the server at once, and is granted the lock
-// the moment the holder's commit or rollback releases it. So at most one waiter per key per pool
-// waits in the server, and the server's queue serves the processes that
-// wait for a key in turn.
+// The ServerWait calls of one process that wait for the same keys (in the
+// same mode, with the same hold bound) on the same pool queue locally
+// first, and only the head of that queue waits in the server; when the
+// holder's fn returns, the next caller starts its wait in the server at
+// once, and is granted the lock the moment the holder's commit or rollback
+// releases it. So at most one waiter per key per pool waits in the server,
+// and the server's queue serves the processes that wait for a key in turn.
 //
 // The cost is that this waiter holds a connection, and behind PgBouncer in
 // transaction mode a server connection, while it waits: for at most Window

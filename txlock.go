@@ -166,14 +166,15 @@ func Held(ctx context.Context) bool {
 // goroutines of one process with no sleep in between and the database sees
 // one poller per key per process. Waiting in that queue holds no connection
 // either, except at a handoff on a *sql.DB: once the holder's fn returns,
-// the next caller begins its transaction while the holder's COMMIT or
-// ROLLBACK runs, holds it for at most 50 ms of that (then it rolls back and
-// waits without it), and sends its lock statement once the COMMIT has
-// returned. With WithRetry(ServerWait{…}) the head of that queue waits for
-// the lock in the server's queue, for a bounded window per attempt, instead
-// of polling (see ServerWait). The wait
-// ends at the earlier of the context's deadline and the WithTimeout option
-// (DefaultTimeout): the error then matches ErrLockTimeout.
+// the next caller begins its transaction (if the pool has an idle
+// connection) while the holder's COMMIT or ROLLBACK runs, holds it for at
+// most 50 ms of that (then it rolls back and waits without it), and sends
+// its lock statement once the COMMIT has returned. With
+// WithRetry(ServerWait{…}) the head of that queue waits for the lock in the
+// server's queue, for a bounded window per attempt, instead of polling (see
+// ServerWait). The wait ends at the earlier of the context's deadline and
+// the WithTimeout option (DefaultTimeout): the error then matches
+// ErrLockTimeout.
 //
 // Once the lock is granted, fn runs with the transaction:
 //   - fn returns nil: the transaction commits, and a commit error is returned;
@@ -227,7 +228,8 @@ func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx cont
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
 // transaction tx, for repository methods that already run in one. The lock
 // lasts until tx commits or rolls back. Options as for WithLock, except that
-// WithTxOptions, WithFailOpen and WithSerializationRetries do not apply.
+// WithTxOptions, WithFailOpen and WithSerializationRetries, which concern
+// a transaction of txlock's own, are refused (ErrInvalidArgument).
 //
 // LockTx polls with pg_try_advisory_xact_lock, sleeping between attempts as
 // WithLock does, but it cannot release the connection between attempts: the
@@ -1086,7 +1088,7 @@ func errServerWaitIsolation(err error) error {
 //
 //	SELECT 1 FROM generate_series(1, CASE
 //	  WHEN pg_is_in_recovery() THEN 2
-//	  WHEN current_setting('transaction_isolation') <> 'read committed'
+//	  WHEN current_setting('transaction_isolation') IN ('repeatable read', 'serializable')
 //	    THEN set_config('txlock.isolation', '<isolationMarker>' || current_setting('transaction_isolation'), true)::int
 //	  WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0
 //	  WHEN set_config('lock_timeout', '<window ms>', true) IS NULL THEN 0
@@ -1096,7 +1098,8 @@ func errServerWaitIsolation(err error) error {
 //	  ELSE 1 END)
 //
 // A transaction above ReadCommitted is refused before any wait, with an
-// error (22P02) that carries isolationMarker: its snapshot, taken by this
+// error (22P02) that carries isolationMarker (read uncommitted, which
+// PostgreSQL runs as read committed, is not refused): its snapshot, taken by this
 // statement, would predate the previous holder's commit, and fn would not
 // see that holder's writes. WithTxOptions above ReadCommitted is refused
 // before the database is touched; this catches a level that comes from
@@ -1120,7 +1123,7 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 	}
 	b := make([]byte, 0, 384+len(keys)*(len(fn)+64))
 	b = append(b, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
-		" WHEN current_setting('transaction_isolation') <> 'read committed'"+
+		" WHEN current_setting('transaction_isolation') IN ('repeatable read', 'serializable')"+
 		" THEN set_config('txlock.isolation', '"+isolationMarker+"' || current_setting('transaction_isolation'), true)::int"...)
 	b = appendHoldBound(b, maxHold, " THEN 0")
 	b = append(b, " WHEN set_config('txlock.lock_timeout', current_setting('lock_timeout'), true) IS NULL THEN 0"+

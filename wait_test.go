@@ -277,6 +277,11 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 		assert.NoError(t, tx.QueryRow(`SELECT 1`).Scan(&one), "the caller's transaction is still usable")
 		require.NoError(t, tx.Rollback())
 	}
+	// PostgreSQL runs read uncommitted as read committed: not refused.
+	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadUncommitted})
+	require.NoError(t, err)
+	assert.NoError(t, txlock.LockTx(context.Background(), tx, txlock.StringKey(uniq(t)), txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second)))
+	require.NoError(t, tx.Rollback())
 
 	// Polling is not refused there: its snapshot is taken an instant
 	// before the grant (see WithTxOptions).

@@ -212,7 +212,10 @@ func printTargets(w io.Writer, rs []result) {
 			if r := find(rs, "contended", via, im, 16, 1); r != nil {
 				check("contended 16w 1ms: "+im+" statements per acquisition ≤ 4", via, r.StmtsPerAcq, r.StmtsPerAcq <= 4, "%.2f")
 				if r.WaiterServerConns != nil {
-					check("contended 16w 1ms: "+im+" waiters' server connections (mean of samples)", via, *r.WaiterServerConns, true, "%.2f")
+					// The target is about how long a waiter holds a server
+					// connection (not beyond the bounded window), which
+					// samples of a count cannot show: the tests judge it.
+					fmt.Fprintf(w, "| contended 16w 1ms: %s waiters' server connections (mean of samples) | %s | %.2f | (judged by tests, not by this number) |\n", im, via, *r.WaiterServerConns)
 				}
 			}
 			v = ratio("contended", via, im, "redislock+tx", 16, 1, tput)
