@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
@@ -102,12 +104,10 @@ func hold(t testing.TB, db *sql.DB, k txlock.Key, shared bool) (release func()) 
 	}
 	_, err = tx.ExecContext(ctx, "SELECT "+fn+"("+lockArgs(k)+")")
 	require.NoError(t, err)
-	done := false
+	// release may run on a timer's goroutine, and again at cleanup.
+	var once sync.Once
 	release = func() {
-		if !done {
-			done = true
-			require.NoError(t, tx.Rollback())
-		}
+		once.Do(func() { assert.NoError(t, tx.Rollback()) })
 	}
 	t.Cleanup(release)
 	return release

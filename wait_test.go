@@ -191,7 +191,7 @@ func TestServerWaitHandoff(t *testing.T) {
 		lease, _ := txlock.LeaseFromContext(ctx)
 		attempts = lease.Attempts
 		return nil
-	}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithMaxHold(time.Second))
+	}, txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithMaxHold(time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, 1, attempts, "granted in the first window, on release")
 
@@ -225,7 +225,7 @@ func TestServerWaitLockTx(t *testing.T) {
 	defer tx.Rollback()
 	_, err = tx.Exec(`SELECT set_config('lock_timeout', '7s', true)`)
 	require.NoError(t, err)
-	err = txlock.LockTx(context.Background(), tx, key, serverWait, txlock.WithTimeout(150*time.Millisecond))
+	err = txlock.LockTx(context.Background(), tx, key, serverWait, txlock.WithTimeout(500*time.Millisecond))
 	var te *txlock.LockTimeoutError
 	require.ErrorAs(t, err, &te)
 	assert.GreaterOrEqual(t, te.Attempts, 2)
@@ -384,12 +384,14 @@ func TestServerWaitLocalQueue(t *testing.T) {
 					mu.Unlock()
 					// A hold long enough for the other pool's next caller
 					// to queue in the server, even on a loaded machine.
-					time.Sleep(20 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond)
 					return l.step(ctx, tx)
 				}, txlock.WithRetry(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
 			}()
 		}
 	}
+	require.Eventually(t, func() bool { return countWaitingOnAdvisory(t, admin) == len(pools) }, 10*time.Second, 5*time.Millisecond,
+		"each pool's head waits in the server")
 	var most int
 	for range 20 {
 		time.Sleep(20 * time.Millisecond)

@@ -241,7 +241,10 @@ func testBlackhole(t *testing.T, target networkTarget) {
 	returned := time.Since(start)
 	t.Logf("blackholed holder: lock released by the server after %v, call returned after %v (%s): %v",
 		released.Round(time.Millisecond), returned.Round(time.Millisecond), checker.Classify(err), err)
-	assert.LessOrEqual(t, released, bound+250*time.Millisecond, "released within the hold bound")
+	// The server's timer starts at the victim's last statement, just before
+	// start; a second of slack covers a loaded machine's scheduling, and
+	// still fails a lock held until TCP gives up (minutes).
+	assert.LessOrEqual(t, released, bound+time.Second, "released within the hold bound")
 	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
 	assert.Zero(t, rowCount(t, admin, table), "the blackholed call's writes must vanish")
 	px.clear()
