@@ -19,25 +19,33 @@
 // A busy lock is not waited for inside the server. The attempt's transaction
 // rolls back at once, returning its connection to the pool, and WithLock
 // sleeps (exponential backoff with full jitter by default; see RetryStrategy)
-// before the next attempt; goroutines of one process that wait for the same
-// key queue locally, so only one of them polls and the lock passes between
-// them without a sleep. Waiters therefore hold no connection between
+// before the next attempt. Waiters therefore hold no connection between
 // attempts, which is what lets many of them wait behind a small PgBouncer
-// pool in transaction mode. (The one exception is brief: when a holder's
-// fn returns, the next caller in its local queue on the same *sql.DB
-// begins its transaction, if the pool has an idle connection, while the
-// holder's COMMIT or ROLLBACK runs, holding it for at most 50 ms of that,
-// and tries once the COMMIT has returned.) The wait ends at the
-// earlier of the context's deadline and WithTimeout (DefaultTimeout).
-// WithRetry(ServerWait{…}) has the head of that local queue wait in
-// PostgreSQL's lock queue instead, a bounded window per attempt: fair
-// between processes and with no handoff gap, but holding a connection (one
-// per key per pool) while it waits.
+// pool in transaction mode. WithServerWait has each attempt wait in
+// PostgreSQL's lock queue instead, for a bounded window: fair between
+// processes, at the cost of a connection while it waits (see ServerWait).
+// The wait ends at the earlier of the context's deadline and WithTimeout
+// (DefaultTimeout).
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. WithShared takes reader
 // locks. LockTx and TryLockTx lock inside a transaction the caller already
 // has. Package sqlxlock offers the same with *sqlx.Tx.
+//
+// # Local queues
+//
+// Goroutines of one process that wait for the same keys on the same db, in
+// the same mode, queue behind each other in FIFO order: only the first makes
+// attempts, so the database sees one waiter per key per process, and when
+// the holder is done the next tries at once instead of sleeping. Waiting in
+// this queue holds no connection, with one bounded exception: when a
+// holder's fn returns on a *sql.DB, the next caller may begin its
+// transaction while the holder's COMMIT runs, so that the lock passes with
+// the round trip of one statement, and gives that connection back if the
+// COMMIT is slow. A caller that gives up passes its turn on. Shared locks,
+// tries and LockTx do not queue. Callers in other processes, and waiters
+// with other key sets, are not ordered by this queue; with WithServerWait
+// the server's own queue orders them.
 //
 // # Keys
 //
@@ -78,7 +86,9 @@
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
 // waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed,
 // ErrInvalidArgument, ErrInvalidKey, ErrNoToken, ErrStaleToken (a
-// *StaleTokenError) and ErrRowNotFound are matched with errors.Is. Errors
-// from fn are returned as they are, and SQLState reads a PostgreSQL error
+// *StaleTokenError) and ErrRowNotFound are matched with errors.Is. An error
+// from fn is returned so that errors.Is and errors.As find it: as it is, or
+// joined with ErrTxDone or ErrHoldTimeout when fn also ended the transaction
+// or outlived WithMaxHold (see WithLock). SQLState reads a PostgreSQL error
 // code from any of them without importing a driver.
 package txlock

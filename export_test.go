@@ -8,23 +8,22 @@ var LockStatement = lockStatement
 
 // QuoteIdent exposes quoteIdent to the external tests.
 var QuoteIdent = quoteIdent
-var WaitStatement = waitStatement
 
-// Gates reports how many local queues exist.
-func Gates() int {
-	gates.Lock()
-	defer gates.Unlock()
-	return len(gates.m)
+// Queues reports how many local queues exist.
+func Queues() int {
+	queues.Lock()
+	defer queues.Unlock()
+	return len(queues.m)
 }
 
-// GateRefs reports how many calls are queued in, or hold the turn of, the
+// QueueRefs reports how many calls are queued in, or hold the turn of, the
 // local queues.
-func GateRefs() int {
-	gates.Lock()
-	defer gates.Unlock()
+func QueueRefs() int {
+	queues.Lock()
+	defer queues.Unlock()
 	n := 0
-	for _, g := range gates.m {
-		n += g.refs
+	for _, q := range queues.m {
+		n += q.refs()
 	}
 	return n
 }

@@ -7,12 +7,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
-// DefaultFenceSequence is the sequence a zero Fencer draws tokens from, and
-// DefaultFenceColumn the column a FencedTable keeps them in by default.
+// DefaultFenceSchema and DefaultFenceSequence name the sequence a zero
+// Fencer draws tokens from, and DefaultFenceColumn the column a FencedTable
+// keeps them in by default.
 const (
+	DefaultFenceSchema   = "public"
 	DefaultFenceSequence = "txlock_fence_seq"
 	DefaultFenceColumn   = "fence_token"
 )
@@ -52,12 +53,17 @@ func (e *StaleTokenError) Error() string {
 func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
 
 // Fencer issues fencing tokens from a PostgreSQL sequence. The zero Fencer
-// uses DefaultFenceSequence, found through the search_path.
+// uses public.txlock_fence_seq (DefaultFenceSchema, DefaultFenceSequence).
+//
+// The sequence is always named with its schema, never looked up through the
+// search_path: a sequence of the same name in a schema that a connection's
+// search_path lists first must not stand in for it. Set Schema to keep the
+// sequence elsewhere, for example in a database without a public schema.
 //
 // Create the sequence once with CreateSequence, or with the migration file
 // migrations/0001_txlock_fence_seq.sql.
 type Fencer struct {
-	Schema   string // optional schema of the sequence
+	Schema   string // schema of the sequence; DefaultFenceSchema if empty
 	Sequence string // sequence name; DefaultFenceSequence if empty
 }
 
@@ -118,9 +124,13 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	var token int64
 	var xid string
 	var drawPID, lockPID int
-	err = pool.QueryRowContext(ctx, `SELECT nextval(`+quoteLiteral(seq)+`::regclass), pg_current_xact_id()::text, pg_backend_pid(),
-		set_config('synchronous_commit', CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
-			THEN 'on' ELSE current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, &drawPID, new(string))
+	// Every name is qualified, the sequence's too, and the comparison is
+	// pg_catalog's: no search_path can change what this statement does.
+	err = pool.QueryRowContext(ctx, `SELECT pg_catalog.nextval(`+quoteLiteral(seq)+`::pg_catalog.regclass),
+		pg_catalog.pg_current_xact_id()::pg_catalog.text, pg_catalog.pg_backend_pid(),
+		pg_catalog.set_config('synchronous_commit', CASE
+			WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) ANY (ARRAY['off', 'local']) THEN 'on'
+			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, &drawPID, new(string))
 	if err != nil {
 		return 0, fmt.Errorf("txlock: drawing a fencing token from %s: %w", seq, err)
 	}
@@ -128,7 +138,7 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	// without a break from the grant until after the draw. It must also be
 	// another session than the draw's, or the draw ran inside the
 	// uncommitted lock transaction (a db that wraps one connection).
-	if err := st.tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&lockPID); err != nil {
+	if err := st.tx.QueryRowContext(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&lockPID); err != nil {
 		return 0, fmt.Errorf("%w: the lock's transaction ended before the token could be confirmed: %w", ErrNoToken, err)
 	}
 	if drawPID == lockPID {
@@ -141,7 +151,8 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	return token, nil
 }
 
-// CreateSequence creates the Fencer's sequence if it does not exist. The
+// CreateSequence creates the Fencer's sequence if it does not exist, in its
+// schema (DefaultFenceSchema for the zero Fencer), which must exist. The
 // sequence is a bigint with CACHE 1 (a per-session cache would hand out
 // numbers out of order) and NO CYCLE. An existing sequence with a larger
 // CACHE is reported as an error matching ErrInvalidArgument.
@@ -159,7 +170,8 @@ func (f Fencer) CreateSequence(ctx context.Context, db interface {
 	// different server connections. A sequence that already existed with a
 	// per-session cache would hand out tokens out of order: refuse it.
 	res, err := db.ExecContext(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint CACHE 1 NO CYCLE;
-		SELECT 1 FROM pg_sequence WHERE seqrelid = `+quoteLiteral(seq)+`::regclass AND seqcache > 1`)
+		SELECT 1 FROM pg_catalog.pg_sequence WHERE seqrelid OPERATOR(pg_catalog.=) `+quoteLiteral(seq)+`::pg_catalog.regclass
+			AND seqcache OPERATOR(pg_catalog.>) 1`)
 	if err != nil {
 		return fmt.Errorf("txlock: creating fencing sequence %s: %w", seq, err)
 	}
@@ -169,26 +181,25 @@ func (f Fencer) CreateSequence(ctx context.Context, db interface {
 	return nil
 }
 
-// sequence returns the quoted, possibly schema-qualified sequence name.
+// sequence returns the quoted, schema-qualified sequence name.
 func (f Fencer) sequence() (string, error) {
-	name := f.Sequence
+	schema, name := f.Schema, f.Sequence
+	if schema == "" {
+		schema = DefaultFenceSchema
+	}
 	if name == "" {
 		name = DefaultFenceSequence
 	}
-	return qualified("Fencer", f.Schema, name)
-}
-
-type queryRower interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	return qualified("Fencer", schema, name)
 }
 
 // tokenPool returns db as something that runs a statement on a connection
 // of its own, or explains why it cannot.
-func tokenPool(db Beginner) (queryRower, error) {
+func tokenPool(db Beginner) (Querier, error) {
 	if _, ok := db.(*sql.Conn); ok {
 		return nil, fmt.Errorf("%w: fencing tokens are drawn on a second connection, and WithLock was given a single *sql.Conn; give it the *sql.DB", ErrNoToken)
 	}
-	pool, ok := db.(queryRower)
+	pool, ok := db.(Querier)
 	if !ok {
 		return nil, fmt.Errorf("%w: fencing tokens need a connection pool such as *sql.DB or *sqlx.DB, and WithLock was given %T", ErrNoToken, db)
 	}
@@ -228,7 +239,7 @@ type Col struct {
 // Querier: a fenced write usually runs outside the lock's transaction, often
 // against another database. The zero FenceColumn means DefaultFenceColumn.
 type FencedTable struct {
-	Schema      string // optional
+	Schema      string // optional; without it, the table is found through the search_path, as in the caller's own queries
 	Name        string // required
 	FenceColumn string // DefaultFenceColumn if empty
 }
@@ -254,8 +265,8 @@ func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, w
 	tok := "$" + strconv.Itoa(len(args))
 	sb.WriteString(t.fence + " = " + tok + " WHERE ")
 	match := t.match(&args, where)
-	sb.WriteString(match + " AND (" + t.fence + " IS NULL OR " + t.fence + " <= " + tok + ") RETURNING 1)\n")
-	sb.WriteString("SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM " + t.table + " WHERE " + match + "), (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")")
+	sb.WriteString(match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) " + tok + ") RETURNING 1)\n")
+	sb.WriteString(t.outcome(match))
 	return t.run(ctx, q, sb.String(), args, token)
 }
 
@@ -268,8 +279,8 @@ func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where 
 	}
 	args := []any{token}
 	match := t.match(&args, where)
-	stmt := "WITH w AS (DELETE FROM " + t.table + " WHERE " + match + " AND (" + t.fence + " IS NULL OR " + t.fence + " <= $1) RETURNING 1)\n" +
-		"SELECT (SELECT count(*) FROM w), (SELECT count(*) FROM " + t.table + " WHERE " + match + "), (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")"
+	stmt := "WITH w AS (DELETE FROM " + t.table + " WHERE " + match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) $1) RETURNING 1)\n" +
+		t.outcome(match)
 	return t.run(ctx, q, stmt, args, token)
 }
 
@@ -280,7 +291,7 @@ func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where 
 //
 //	INSERT INTO t AS t (key…, set…, fence_token) VALUES (…)
 //	ON CONFLICT (key…) DO UPDATE SET set… = EXCLUDED.…, fence_token = EXCLUDED.fence_token
-//	WHERE t.fence_token IS NULL OR t.fence_token <= EXCLUDED.fence_token
+//	WHERE t.fence_token IS NULL OR t.fence_token OPERATOR(pg_catalog.<=) EXCLUDED.fence_token
 func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, set []Col) error {
 	t, err := ft.prepare(q, token, set, key, false)
 	if err != nil {
@@ -301,13 +312,13 @@ func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, s
 	for _, c := range t.set {
 		sb.WriteString(c + " = EXCLUDED." + c + ", ")
 	}
-	sb.WriteString(t.fence + " = EXCLUDED." + t.fence + " WHERE t." + t.fence + " IS NULL OR t." + t.fence + " <= EXCLUDED." + t.fence + " RETURNING 1)\n")
+	sb.WriteString(t.fence + " = EXCLUDED." + t.fence + " WHERE t." + t.fence + " IS NULL OR t." + t.fence + " OPERATOR(pg_catalog.<=) EXCLUDED." + t.fence + " RETURNING 1)\n")
 	var match []string
 	for i, c := range t.where {
 		match = append(match, c+" = $"+strconv.Itoa(i+1))
 	}
 	m := strings.Join(match, " AND ")
-	sb.WriteString("SELECT (SELECT count(*) FROM w), 1, (SELECT max(" + t.fence + ") FROM " + t.table + " WHERE " + m + ")")
+	sb.WriteString("SELECT (SELECT pg_catalog.count(*) FROM w), 1, (SELECT pg_catalog.max(" + t.fence + ") FROM " + t.table + " WHERE " + m + ")")
 	_, err = t.run(ctx, q, sb.String(), args, token)
 	return err
 }
@@ -366,6 +377,13 @@ func (ft FencedTable) prepare(q Querier, token int64, set, where []Col, needSet 
 }
 
 // match renders "col = $n AND …", appending the values to args.
+//
+// Unlike the rest of the statement, = stays a plain operator, resolved
+// through the search_path: the columns and values are the caller's, of the
+// caller's types, whose = need not be in pg_catalog. citext's lives in the
+// schema the extension was installed in, and OPERATOR(pg_catalog.=) would
+// silently compare a citext column as case-sensitive text. The fence
+// column's comparison is the library's own, on a bigint, and is qualified.
 func (t *fencedStmt) match(args *[]any, where []Col) string {
 	parts := make([]string, len(where))
 	for i, c := range where {
@@ -373,6 +391,13 @@ func (t *fencedStmt) match(args *[]any, where []Col) string {
 		parts[i] = t.where[i] + " = $" + strconv.Itoa(len(*args))
 	}
 	return strings.Join(parts, " AND ")
+}
+
+// outcome renders the query that follows the write w of Update and Delete:
+// the rows written, the rows that match, and the largest token among them.
+func (t *fencedStmt) outcome(match string) string {
+	return "SELECT (SELECT pg_catalog.count(*) FROM w), (SELECT pg_catalog.count(*) FROM " + t.table + " WHERE " + match +
+		"), (SELECT pg_catalog.max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")"
 }
 
 // run executes a fenced write whose statement returns (written, matched,
@@ -402,19 +427,16 @@ func (t *fencedStmt) run(ctx context.Context, q Querier, stmt string, args []any
 // are empty, not UTF-8, hold a NUL byte, or exceed PostgreSQL's 63 bytes
 // (which the server would silently truncate to another name).
 func quoteIdent(what, name string) (string, error) {
-	switch {
-	case name == "":
-		return "", fmt.Errorf("%w: %s name is empty", ErrInvalidArgument, what)
-	case !utf8.ValidString(name):
-		return "", fmt.Errorf("%w: %s name %q is not valid UTF-8", ErrInvalidArgument, what, name)
-	case strings.IndexByte(name, 0) >= 0:
-		return "", fmt.Errorf("%w: %s name %q contains a NUL byte", ErrInvalidArgument, what, name)
-	case len(name) > 63:
+	if err := checkName(ErrInvalidArgument, what+" name", name); err != nil {
+		return "", err
+	}
+	if len(name) > 63 {
 		return "", fmt.Errorf("%w: %s name %q is longer than PostgreSQL's 63 bytes", ErrInvalidArgument, what, truncate(name))
 	}
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`, nil
 }
 
+// qualified quotes name, and schema if there is one, as "schema"."name".
 func qualified(what, schema, name string) (string, error) {
 	n, err := quoteIdent(what, name)
 	if err != nil {

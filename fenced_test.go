@@ -516,7 +516,8 @@ func TestFenceMigrationFile(t *testing.T) {
 		require.NoError(t, err)
 	}
 	var cache int64
-	require.NoError(t, db.QueryRow(`SELECT cache_size FROM pg_sequences WHERE sequencename = $1`, txlock.DefaultFenceSequence).Scan(&cache))
+	require.NoError(t, db.QueryRow(`SELECT cache_size FROM pg_sequences WHERE schemaname = $1 AND sequencename = $2`,
+		txlock.DefaultFenceSchema, txlock.DefaultFenceSequence).Scan(&cache), "the migration creates the zero Fencer's sequence")
 	assert.EqualValues(t, 1, cache)
 
 	// A Fencer in another schema creates its own sequence.

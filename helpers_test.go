@@ -80,14 +80,16 @@ func uniq(t testing.TB) string {
 	return t.Name() + "/" + hex.EncodeToString(b[:])
 }
 
-// lockArgs renders k as advisory lock function arguments, independently of
-// the package's own rendering.
+// lockArgs renders k as advisory lock function arguments, from the key's
+// own Int64 or Pair but independently of the package's rendering. The
+// literals are quoted: -9223372036854775808::int8 is the negation of a
+// bigint that does not fit, and fails, as does -2147483648::int4.
 func lockArgs(k txlock.Key) string {
 	if n, ok := k.Int64(); ok {
-		return fmt.Sprintf("%d::int8", n)
+		return fmt.Sprintf("'%d'::int8", n)
 	}
 	a, b, _ := k.Pair()
-	return fmt.Sprintf("%d::int4, %d::int4", a, b)
+	return fmt.Sprintf("'%d'::int4, '%d'::int4", a, b)
 }
 
 // hold takes k on its own connection of db, with the blocking

@@ -60,7 +60,7 @@ func PairKey(a, b int32) Key { return Key{kind: kindPair, a: a, b: b} }
 // PostgreSQL text value cannot hold NUL, so SQL could not reproduce such a
 // key). Any length is accepted; String shows at most the first 64 bytes.
 func StringKey(name string) Key {
-	if err := checkName("key name", name); err != nil {
+	if err := checkName(ErrInvalidKey, "key name", name); err != nil {
 		return Key{err: err}
 	}
 	sum := sha256.Sum256([]byte(name))
@@ -92,7 +92,7 @@ type Keyspace struct {
 // name follows the rules of StringKey. A bad name is reported by every key
 // of the keyspace.
 func NewKeyspace(name string) Keyspace {
-	if err := checkName("keyspace name", name); err != nil {
+	if err := checkName(ErrInvalidKey, "keyspace name", name); err != nil {
 		return Keyspace{err: err}
 	}
 	return Keyspace{ns: hash32(name), label: name}
@@ -127,7 +127,7 @@ func (ks Keyspace) Key(name string) Key {
 	if ks.err != nil {
 		return Key{err: ks.err}
 	}
-	if err := checkName("key name", name); err != nil {
+	if err := checkName(ErrInvalidKey, "key name", name); err != nil {
 		return Key{err: err}
 	}
 	return Key{kind: kindPair, a: ks.ns, b: hash32(name), label: ks.prefix() + name}
@@ -174,21 +174,13 @@ func (k Key) Pair() (a, b int32, ok bool) { return k.a, k.b, k.kind == kindPair 
 // "keyspace/name").
 func (k Key) Name() string { return k.label }
 
-// String returns a form for logs: the name (truncated to 64 bytes) if there
-// is one, then the PostgreSQL key, for example
+// String returns a form for logs: the name (cut to at most 64 bytes, never
+// inside a character) if there is one, then the PostgreSQL key, for example
 // `"orders:42" bigint(-8475661283590053117)` or `billing/"inv-7" pair(-1192334052,884541287)`.
 func (k Key) String() string {
 	var sb strings.Builder
 	if k.label != "" {
-		label := k.label
-		if len(label) > 64 {
-			i := 64
-			for i > 0 && !utf8.RuneStart(label[i]) {
-				i--
-			}
-			label = label[:i] + "…"
-		}
-		sb.WriteString(strconv.Quote(label))
+		sb.WriteString(strconv.Quote(truncate(k.label)))
 		sb.WriteByte(' ')
 	}
 	switch k.kind {
@@ -231,23 +223,6 @@ func (k Key) pgLocks() (classid, objid uint32, objsubid int) {
 	return uint32(uint64(k.v) >> 32), uint32(k.v), 1
 }
 
-// appendSQLArgs appends k as the arguments of an advisory lock function.
-// Values are integers rendered by strconv, so the text is always safe SQL;
-// quoting with a cast also covers math.MinInt64, whose magnitude does not
-// fit a bigint literal.
-func appendSQLArgs(b []byte, k Key) []byte {
-	if k.kind == kindPair {
-		b = append(b, '\'')
-		b = strconv.AppendInt(b, int64(k.a), 10)
-		b = append(b, "'::int4,'"...)
-		b = strconv.AppendInt(b, int64(k.b), 10)
-		return append(b, "'::int4"...)
-	}
-	b = append(b, '\'')
-	b = strconv.AppendInt(b, k.v, 10)
-	return append(b, "'::int8"...)
-}
-
 // compareKeys orders keys canonically: bigint keys before pairs, then by value.
 func compareKeys(x, y Key) int {
 	if c := cmp.Compare(x.kind, y.kind); c != 0 {
@@ -262,23 +237,42 @@ func compareKeys(x, y Key) int {
 	return cmp.Compare(x.b, y.b)
 }
 
-func checkName(what, name string) error {
+// checkName reports, wrapped around sentinel, what makes name unusable as a
+// key name or an identifier: it is empty, not valid UTF-8, or holds a NUL
+// byte. Either ends up as PostgreSQL text, which cannot be invalid UTF-8 or
+// hold NUL. what names it in the message ("key name", "column name").
+func checkName(sentinel error, what, name string) error {
 	switch {
 	case name == "":
-		return fmt.Errorf("%w: %s is empty", ErrInvalidKey, what)
+		return fmt.Errorf("%w: %s is empty", sentinel, what)
 	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: %s %q is not valid UTF-8", ErrInvalidKey, what, truncate(name))
+		return fmt.Errorf("%w: %s %q is not valid UTF-8", sentinel, what, truncate(name))
 	case strings.IndexByte(name, 0) >= 0:
-		return fmt.Errorf("%w: %s %q contains a NUL byte, which PostgreSQL text cannot hold", ErrInvalidKey, what, truncate(name))
+		return fmt.Errorf("%w: %s %q contains a NUL byte, which PostgreSQL text cannot hold", sentinel, what, truncate(name))
 	}
 	return nil
 }
 
+// maxShown is how many bytes of a name truncate keeps.
+const maxShown = 64
+
+// truncate shortens s, for a message or a log, to at most maxShown bytes
+// followed by "…". It never cuts inside a UTF-8 character: it backs up to
+// the start of the character that byte maxShown belongs to, at most
+// utf8.UTFMax-1 bytes (further back there is no such character, only bytes
+// that are not UTF-8, which are kept as they are).
 func truncate(s string) string {
-	if len(s) > 64 {
-		return s[:64] + "..."
+	if len(s) <= maxShown {
+		return s
 	}
-	return s
+	cut := maxShown
+	for i := maxShown; i > maxShown-utf8.UTFMax; i-- {
+		if utf8.RuneStart(s[i]) {
+			cut = i
+			break
+		}
+	}
+	return s[:cut] + "…"
 }
 
 func hash32(name string) int32 {

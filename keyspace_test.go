@@ -2,8 +2,10 @@ package txlock_test
 
 import (
 	"math"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -106,6 +108,100 @@ func TestInvalidKeys(t *testing.T) {
 	require.NoError(t, k.Err())
 	assert.Equal(t, big, k.Name())
 	assert.Less(t, len(k.String()), 100)
+}
+
+// Keys and identifiers follow one rule for names, each reported with its
+// own sentinel and naming what was wrong.
+func TestInvalidNamesOfKeysAndIdentifiers(t *testing.T) {
+	for _, tc := range []struct{ name, want string }{
+		{"", "is empty"},
+		{"bad\xff", "is not valid UTF-8"},
+		{"nul\x00byte", "contains a NUL byte"},
+	} {
+		err := txlock.StringKey(tc.name).Err()
+		assert.ErrorIs(t, err, txlock.ErrInvalidKey)
+		assert.NotErrorIs(t, err, txlock.ErrInvalidArgument)
+		assert.ErrorContains(t, err, "key name")
+		assert.ErrorContains(t, err, tc.want)
+
+		_, err = txlock.QuoteIdent("column", tc.name)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		assert.NotErrorIs(t, err, txlock.ErrInvalidKey)
+		assert.ErrorContains(t, err, "column name")
+		assert.ErrorContains(t, err, tc.want)
+	}
+}
+
+// Long names are cut, in Key.String and in error messages, at a character
+// boundary: never inside a character, whatever its width and wherever it
+// falls.
+func TestStringTruncatesWholeCharacters(t *testing.T) {
+	for _, r := range []string{"é", "€", "𝄞"} { // 2, 3 and 4 bytes
+		for pad := range 4 {
+			name := strings.Repeat("a", pad) + strings.Repeat(r, 40)
+			s := txlock.StringKey(name).String()
+			requireCut(t, name, quoted(t, s))
+
+			err := txlock.StringKey(name + "\x00").Err()
+			require.ErrorContains(t, err, "NUL byte")
+			requireCut(t, name, quoted(t, err.Error()))
+
+			_, err = txlock.QuoteIdent("column", name)
+			require.ErrorContains(t, err, "63 bytes")
+			requireCut(t, name, quoted(t, err.Error()))
+		}
+	}
+	// Bytes that are not UTF-8 are kept as they are: the cut backs up no
+	// further than a character could reach.
+	junk := strings.Repeat("\x80", 100)
+	err := txlock.StringKey(junk).Err()
+	require.ErrorContains(t, err, "not valid UTF-8")
+	assert.Equal(t, junk[:64]+"…", quoted(t, err.Error()))
+}
+
+// quoted returns the first Go-quoted string in s, unquoted.
+func quoted(t *testing.T, s string) string {
+	t.Helper()
+	i := strings.IndexByte(s, '"')
+	require.GreaterOrEqual(t, i, 0, "no quoted name in %s", s)
+	q, err := strconv.QuotedPrefix(s[i:])
+	require.NoError(t, err, s)
+	u, err := strconv.Unquote(q)
+	require.NoError(t, err)
+	return u
+}
+
+// requireCut checks that shown is name cut to at most 64 bytes, at the last
+// character boundary, followed by "…".
+func requireCut(t *testing.T, name, shown string) {
+	t.Helper()
+	cut, ok := strings.CutSuffix(shown, "…")
+	require.True(t, ok, "%q does not end in …", shown)
+	require.True(t, utf8.ValidString(cut), "%q splits a character", cut)
+	require.True(t, strings.HasPrefix(name, cut), "%q is not a prefix of the name", cut)
+	require.LessOrEqual(t, len(cut), 64)
+	_, size := utf8.DecodeRuneInString(name[len(cut):])
+	require.Greater(t, len(cut)+size, 64, "%q is cut a character too early", cut)
+}
+
+// FuzzKeyStringTruncation: whatever the name, Key.String shows it whole, or
+// cut at a character boundary.
+func FuzzKeyStringTruncation(f *testing.F) {
+	for _, s := range []string{"a", strings.Repeat("é", 40), "a" + strings.Repeat("𝄞", 20), strings.Repeat("x", 64), strings.Repeat("x", 65)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		k := txlock.StringKey(name)
+		if k.Err() != nil {
+			return
+		}
+		shown := quoted(t, k.String())
+		if len(name) <= 64 {
+			require.Equal(t, name, shown)
+			return
+		}
+		requireCut(t, name, shown)
+	})
 }
 
 func FuzzPgLocksRoundTrip(f *testing.F) {

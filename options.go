@@ -29,7 +29,10 @@ type Option func(*config)
 type config struct {
 	timeout       time.Duration
 	retry         RetryStrategy
-	window        time.Duration // > 0: attempts wait in the server this long (ServerWait)
+	retrySet      bool
+	serverWait    *ServerWait // set by WithServerWait
+	mode          waitMode
+	clock         clock
 	shared        bool
 	txOpts        *sql.TxOptions
 	maxHold       time.Duration
@@ -56,12 +59,10 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRetry sets the wait strategy: how attempts are spaced out. Without
-// it, the zero ExponentialBackoff is used. Polling strategies
-// (ExponentialBackoff, ConstantBackoff, LinearBackoff) hold no connection
-// between attempts (see WithLock for the one brief exception, at a local
-// handoff); ServerWait waits in the server's lock queue for a
-// bounded window per attempt.
+// WithRetry sets how long to sleep between polling attempts. Without it,
+// the zero ExponentialBackoff is used. Waiters hold no connection while they
+// sleep. It cannot be combined with WithServerWait, which waits in the
+// server instead of sleeping.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {
@@ -73,7 +74,22 @@ func WithRetry(s RetryStrategy) Option {
 				c.fail("%s", strings.TrimPrefix(err.Error(), "txlock: "))
 			}
 		}
-		c.retry = s
+		c.retry, c.retrySet = s, true
+	}
+}
+
+// WithServerWait makes each attempt wait for the lock in PostgreSQL's own
+// lock queue, for at most s.Window, instead of polling: see ServerWait. It
+// is an option of its own, rather than a RetryStrategy, because it changes
+// what an attempt is (a wait in the server that holds a connection), not
+// how long to sleep between attempts. It cannot be combined with WithRetry.
+// TryWithLock, TryWithLocks and TryLockTx never wait in the server.
+func WithServerWait(s ServerWait) Option {
+	return func(c *config) {
+		if err := s.Validate(); err != nil {
+			c.fail("%s", strings.TrimPrefix(err.Error(), "txlock: "))
+		}
+		c.serverWait = &s
 	}
 }
 
@@ -169,7 +185,7 @@ func WithSerializationRetries(n int) Option {
 // TryLockTx. c lives inside the call's own state, so that a call costs one
 // allocation fewer.
 func (c *config) init(opts []Option, inTx bool) error {
-	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}}
+	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}, clock: realClock{}}
 	for _, o := range opts {
 		if o == nil {
 			c.fail("nil Option")
@@ -191,14 +207,16 @@ func (c *config) init(opts []Option, inTx bool) error {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	if sw, ok := c.retry.(interface{ serverWindow() time.Duration }); ok {
-		c.window = sw.serverWindow()
+	if c.serverWait != nil {
+		if c.retrySet {
+			return fmt.Errorf("%w: WithRetry and WithServerWait cannot be combined: a ServerWait attempt waits in the server instead of sleeping (its Pause spaces the windows)", ErrInvalidArgument)
+		}
 		if c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
 			// The snapshot would be taken by the waiting statement, before
 			// the previous holder commits: fn would not see its writes.
-			c.fail("ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", c.txOpts.Isolation)
-			return errors.Join(c.errs...)
+			return fmt.Errorf("%w: ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", ErrInvalidArgument, c.txOpts.Isolation)
 		}
+		c.mode = inServer
 	}
 	return nil
 }

@@ -130,8 +130,9 @@ func (l LinearBackoff) Validate() error {
 // DefaultServerWaitWindow is the window of a ServerWait whose Window is zero.
 const DefaultServerWaitWindow = 200 * time.Millisecond
 
-// ServerWait waits for the lock in PostgreSQL's own lock queue, for at most
-// Window per attempt, instead of sleeping between attempts.
+// ServerWait configures WithServerWait: each attempt waits for the lock in
+// PostgreSQL's own lock queue, for at most Window, instead of sleeping
+// between attempts.
 //
 // Each attempt begins a transaction and, in one statement, sets lock_timeout
 // to Window for that transaction only (set_config(…, true)) and waits with
@@ -140,22 +141,18 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // If Window passes first, the statement fails with lock_timeout (55P03), the
 // attempt rolls back, and the next one starts after a random pause in
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
-// attempt.
+// attempt. With several keys (WithLocks), lock_timeout bounds the wait for
+// each key, so one attempt can wait up to Window per key; the wait's
+// deadline still ends it.
 //
-// The ServerWait calls of one process that wait for the same keys (in the
-// same mode, with the same hold bound) on the same pool queue locally
-// first, and only the head of that queue waits in the server; when the
-// holder's fn returns, the next caller starts its wait in the server at
-// once, and is granted the lock the moment the holder's commit or rollback
-// releases it. So at most one waiter per key per pool waits in the server,
-// and the server's queue serves the processes that wait for a key in turn.
-//
+// Callers of one process queue locally first (see the package
+// documentation's "Local queues"), so at most one waiter per key per pool
+// waits in the server, and the server's queue serves the processes in turn.
 // The cost is that this waiter holds a connection, and behind PgBouncer in
 // transaction mode a server connection, while it waits: for at most Window
 // at a time, then it lets go. Waiters for k different busy keys can occupy
 // k connections of a pool for up to Window. Choose it with the pool in mind,
-// or use a polling strategy, whose waiters hold no connection between
-// attempts (but for the brief handoff that WithLock describes).
+// or poll (WithRetry), and hold no connection between attempts.
 //
 // In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves
 // the caller's transaction usable, and a deadlock between caller
@@ -163,29 +160,20 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // an error whose SQLState is 40P01 (after PostgreSQL's deadlock_timeout,
 // 1s by default), rather than by both waiting out their timeouts.
 //
-// With several keys (WithLocks), lock_timeout bounds the wait for each key,
-// so one attempt can wait up to Window per key; the wait's deadline still
-// ends it.
-//
 // ServerWait needs a ReadCommitted transaction: under RepeatableRead or
 // Serializable the transaction's snapshot would be taken by the waiting
 // statement, before the previous holder commits, and fn would not see that
-// holder's writes. WithLock refuses a WithTxOptions isolation above
-// ReadCommitted before touching the database, and the waiting statement
-// itself refuses a transaction above it before it waits, whatever set the
-// level (the server's default_transaction_isolation, or the caller's
-// transaction in LockTx, which stays usable). Both refusals match
-// ErrInvalidArgument.
+// holder's writes. A WithTxOptions isolation above ReadCommitted is refused
+// before the database is touched, and the waiting statement itself refuses
+// a transaction above it before it waits, whatever set the level (the
+// server's default_transaction_isolation, or the caller's transaction in
+// LockTx, which stays usable). Both refusals match ErrInvalidArgument.
 //
-// TryWithLock, TryWithLocks and TryLockTx never wait in the server. The
-// zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.
+// The zero ServerWait is valid: Window DefaultServerWaitWindow, no pause.
 type ServerWait struct {
 	Window time.Duration // longest wait in the server per attempt; at least 1ms, rounded up to whole milliseconds
 	Pause  time.Duration // random pause in [0, Pause] between windows
 }
-
-// Backoff implements RetryStrategy: the pause between two windows.
-func (s ServerWait) Backoff(int) time.Duration { return jitter(s.Pause) }
 
 // Validate reports a Window below 1ms (other than zero) or a negative Pause.
 func (s ServerWait) Validate() error {
@@ -198,8 +186,8 @@ func (s ServerWait) Validate() error {
 	return nil
 }
 
-// serverWindow is how long an attempt waits in the server.
-func (s ServerWait) serverWindow() time.Duration {
+// window is how long an attempt waits in the server.
+func (s ServerWait) window() time.Duration {
 	if s.Window == 0 {
 		return DefaultServerWaitWindow
 	}

@@ -18,7 +18,7 @@ import (
 )
 
 // serverWait is a short window, so that the tests see windows expire.
-var serverWait = txlock.WithRetry(txlock.ServerWait{Window: 50 * time.Millisecond})
+var serverWait = txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond})
 
 func TestServerWaitMutualExclusion(t *testing.T) {
 	for _, tc := range []struct {
@@ -37,7 +37,7 @@ func TestServerWaitMutualExclusion(t *testing.T) {
 			// attempts end in lock_timeout, some as the lock is released.
 			errs := hammer(8, 4, func() error {
 				return txlock.WithLock(context.Background(), db, key, l.step, txlock.WithTimeout(30*time.Second),
-					txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Millisecond}))
+					txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Millisecond}))
 			})
 			require.Empty(t, errs)
 			n, overlaps := l.check(t, admin)
@@ -96,7 +96,7 @@ func TestServerWaitTimeoutRace(t *testing.T) {
 					}
 					ran.Add(1)
 					return nil
-				}, txlock.WithRetry(txlock.ServerWait{Window: time.Millisecond}), txlock.WithTimeout(20*time.Second))
+				}, txlock.WithServerWait(txlock.ServerWait{Window: time.Millisecond}), txlock.WithTimeout(20*time.Second))
 				assert.NoError(t, err)
 			}
 		}()
@@ -134,7 +134,7 @@ func TestServerWaitReleasesServerConnection(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
-				txlock.WithRetry(txlock.ServerWait{Window: 20 * time.Millisecond, Pause: 60 * time.Millisecond}),
+				txlock.WithServerWait(txlock.ServerWait{Window: 20 * time.Millisecond, Pause: 60 * time.Millisecond}),
 				txlock.WithTimeout(20*time.Second)))
 		}()
 	}
@@ -168,7 +168,7 @@ func TestServerWaitCancel(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
 	err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil },
-		txlock.WithRetry(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(time.Hour))
+		txlock.WithServerWait(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(time.Hour))
 	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Less(t, time.Since(start), 2*time.Second)
@@ -176,7 +176,7 @@ func TestServerWaitCancel(t *testing.T) {
 	// The timeout option bounds the server-side wait too.
 	start = time.Now()
 	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
-		txlock.WithRetry(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(200*time.Millisecond))
+		txlock.WithServerWait(txlock.ServerWait{Window: time.Minute}), txlock.WithTimeout(200*time.Millisecond))
 	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
 	assert.Less(t, time.Since(start), 2*time.Second)
 }
@@ -191,12 +191,12 @@ func TestServerWaitHandoff(t *testing.T) {
 		lease, _ := txlock.LeaseFromContext(ctx)
 		attempts = lease.Attempts
 		return nil
-	}, txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithMaxHold(time.Second))
+	}, txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithMaxHold(time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, 1, attempts, "granted in the first window, on release")
 
 	assert.ErrorIs(t, txlock.WithLock(context.Background(), db, key, benchSelect,
-		txlock.WithRetry(txlock.ServerWait{Window: time.Microsecond})), txlock.ErrInvalidArgument)
+		txlock.WithServerWait(txlock.ServerWait{Window: time.Microsecond})), txlock.ErrInvalidArgument)
 
 	// Above ReadCommitted the waiting statement would take fn's snapshot
 	// before the previous holder commits: refused before the database is
@@ -205,12 +205,12 @@ func TestServerWaitHandoff(t *testing.T) {
 		err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
 			t.Error("fn ran")
 			return nil
-		}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: level}))
+		}, txlock.WithServerWait(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: level}))
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, level.String())
 		assert.ErrorContains(t, err, "ServerWait needs ReadCommitted")
 	}
 	assert.NoError(t, txlock.WithLock(context.Background(), db, key, benchSelect,
-		txlock.WithRetry(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelReadCommitted})))
+		txlock.WithServerWait(txlock.ServerWait{}), txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelReadCommitted})))
 }
 
 // In LockTx the server-side wait runs in a savepoint: a window that expires
@@ -262,7 +262,7 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 	err := txlock.WithLock(context.Background(), rrDB, key, func(context.Context, *sql.Tx) error {
 		t.Error("fn ran")
 		return nil
-	}, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
+	}, txlock.WithServerWait(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	assert.ErrorContains(t, err, "ServerWait needs ReadCommitted")
 	assert.ErrorContains(t, err, "the transaction is repeatable read")
@@ -271,7 +271,7 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
 		tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: level})
 		require.NoError(t, err)
-		err = txlock.LockTx(context.Background(), tx, key, txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
+		err = txlock.LockTx(context.Background(), tx, key, txlock.WithServerWait(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second))
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, level.String())
 		var one int
 		assert.NoError(t, tx.QueryRow(`SELECT 1`).Scan(&one), "the caller's transaction is still usable")
@@ -280,7 +280,7 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 	// PostgreSQL runs read uncommitted as read committed: not refused.
 	tx, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelReadUncommitted})
 	require.NoError(t, err)
-	assert.NoError(t, txlock.LockTx(context.Background(), tx, txlock.StringKey(uniq(t)), txlock.WithRetry(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second)))
+	assert.NoError(t, txlock.LockTx(context.Background(), tx, txlock.StringKey(uniq(t)), txlock.WithServerWait(txlock.ServerWait{}), txlock.WithTimeout(5*time.Second)))
 	require.NoError(t, tx.Rollback())
 
 	// Polling is not refused there: its snapshot is taken an instant
@@ -303,7 +303,7 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 func TestServerWaitLockTxDeadlock(t *testing.T) {
 	db := direct(t)
 	k1, k2 := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
-	opts := []txlock.Option{txlock.WithRetry(txlock.ServerWait{Window: 10 * time.Second}), txlock.WithTimeout(20 * time.Second)}
+	opts := []txlock.Option{txlock.WithServerWait(txlock.ServerWait{Window: 10 * time.Second}), txlock.WithTimeout(20 * time.Second)}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
 	ready := make(chan struct{}, 2)
@@ -386,7 +386,7 @@ func TestServerWaitLocalQueue(t *testing.T) {
 					// to queue in the server, even on a loaded machine.
 					time.Sleep(50 * time.Millisecond)
 					return l.step(ctx, tx)
-				}, txlock.WithRetry(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
+				}, txlock.WithServerWait(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
 			}()
 		}
 	}
@@ -411,5 +411,5 @@ func TestServerWaitLocalQueue(t *testing.T) {
 		first[p]++
 	}
 	assert.GreaterOrEqual(t, min(first[0], first[1]), 2, "both pools are served early on: %v", order)
-	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+	assert.Zero(t, txlock.Queues(), "queues are removed when empty")
 }

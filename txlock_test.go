@@ -673,10 +673,10 @@ func TestStandbyRefused(t *testing.T) {
 	err = txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
 		called = true
 		return nil
-	}, txlock.WithRetry(txlock.ServerWait{}))
+	}, txlock.WithServerWait(txlock.ServerWait{}))
 	assert.ErrorIs(t, err, txlock.ErrStandby)
 	assert.False(t, called)
-	assert.Zero(t, txlock.Gates())
+	assert.Zero(t, txlock.Queues())
 }
 
 // Under REPEATABLE READ the snapshot is taken by the lock statement, an
@@ -855,17 +855,17 @@ func TestBadInput(t *testing.T) {
 
 func TestLockStatementShape(t *testing.T) {
 	keys := []txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.PairKey(-1, 2)}
-	locks := "pg_try_advisory_xact_lock_shared('-9223372036854775808'::int8) AND pg_try_advisory_xact_lock_shared('-1'::int4,'2'::int4)"
+	locks := "pg_catalog.pg_try_advisory_xact_lock_shared('-9223372036854775808'::bigint) AND pg_catalog.pg_try_advisory_xact_lock_shared('-1'::integer,'2'::integer)"
 	// The hold bound is set before any lock is tried, so that it also covers
 	// a partial grant whose rollback never arrives.
 	inTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, false)
-	assert.Equal(t, "SELECT 1 FROM generate_series(1, CASE WHEN pg_is_in_recovery() THEN 2"+
-		" WHEN set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0 WHEN "+
+	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
+		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0 WHEN "+
 		locks+" THEN 1 ELSE 0 END)", inTx)
 	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, true)
-	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN set_config('txlock.in_recovery', "+
-		"'txlock: the server is in recovery, no lock was attempted', true)::int = 0"+
-		" WHEN set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false WHEN "+
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
+		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false WHEN "+
 		locks+" THEN true ELSE false END", ownTx)
 	for _, stmt := range []string{inTx, ownTx} {
 		assert.NotContains(t, strings.ToUpper(stmt), "SET ", "never a plain SET")
@@ -925,7 +925,7 @@ func TestLocalQueue(t *testing.T) {
 			}, txlock.WithTimeout(20*time.Second)))
 		}()
 	}
-	require.Eventually(t, func() bool { return txlock.GateRefs() == callers }, 10*time.Second, time.Millisecond, "every caller queues")
+	require.Eventually(t, func() bool { return txlock.QueueRefs() == callers }, 10*time.Second, time.Millisecond, "every caller queues")
 
 	// A caller queued behind the others gives up at its own deadline.
 	start := time.Now()
@@ -946,7 +946,7 @@ func TestLocalQueue(t *testing.T) {
 		}
 	}
 	assert.LessOrEqual(t, polled, 1, "only the head of the queue polls")
-	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+	assert.Zero(t, txlock.Queues(), "queues are removed when empty")
 }
 
 // When a polling caller that has the turn of a local queue is done with fn,
@@ -1007,13 +1007,13 @@ func TestPollingEarlyHandoff(t *testing.T) {
 			if _, err := tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES (1)`); err != nil {
 				return err
 			}
-			assert.Eventually(t, func() bool { return txlock.GateRefs() == 3 }, 10*time.Second, time.Millisecond)
+			assert.Eventually(t, func() bool { return txlock.QueueRefs() == 3 }, 10*time.Second, time.Millisecond)
 			start = time.Now()
 			close(fnDone)
 			return nil
 		}, txlock.WithTimeout(20*time.Second)))
 	}()
-	require.Eventually(t, func() bool { return txlock.GateRefs() == 1 }, 10*time.Second, time.Millisecond, "the first caller queues")
+	require.Eventually(t, func() bool { return txlock.QueueRefs() == 1 }, 10*time.Second, time.Millisecond, "the first caller queues")
 	release()
 
 	// The second caller gives up 200 ms into the first one's COMMIT.
@@ -1028,7 +1028,7 @@ func TestPollingEarlyHandoff(t *testing.T) {
 		}, txlock.WithTimeout(20*time.Second), rr)
 		assert.ErrorIs(t, err, txlock.ErrLockTimeout)
 	}()
-	require.Eventually(t, func() bool { return txlock.GateRefs() == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return txlock.QueueRefs() == 2 }, 10*time.Second, time.Millisecond)
 	var lease txlock.Lease
 	var seen int
 	var thirdStarted time.Time
@@ -1073,7 +1073,7 @@ func TestPollingEarlyHandoff(t *testing.T) {
 	assert.Greater(t, thirdStarted.Sub(start), 900*time.Millisecond, "the third caller's fn starts after the first's COMMIT has returned")
 	assert.Equal(t, 1, lease.Attempts, "its one attempt found the lock free")
 	assert.Equal(t, 1, seen, "its snapshot sees the first caller's row")
-	assert.Zero(t, txlock.Gates(), "queues are removed when empty")
+	assert.Zero(t, txlock.Queues(), "queues are removed when empty")
 }
 
 // fn's context is the caller's, with the lock's state added: values,

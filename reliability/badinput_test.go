@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // badCase is one bad input: call makes the call and returns its error;
@@ -82,8 +82,8 @@ func badCases() []badCase {
 	key := func(k txlock.Key) func(t *testing.T, e *badEnv) error {
 		return func(t *testing.T, e *badEnv) error { return txlock.WithLock(ctx, e.db, k, e.fn) }
 	}
-	opt := func(o txlock.Option) func(t *testing.T, e *badEnv) error {
-		return func(t *testing.T, e *badEnv) error { return txlock.WithLock(ctx, e.db, e.key, e.fn, o) }
+	opt := func(o ...txlock.Option) func(t *testing.T, e *badEnv) error {
+		return func(t *testing.T, e *badEnv) error { return txlock.WithLock(ctx, e.db, e.key, e.fn, o...) }
 	}
 	inv, ik := txlock.ErrInvalidArgument, txlock.ErrInvalidKey
 	return []badCase{
@@ -153,9 +153,10 @@ func badCases() []badCase {
 		{name: "linear: zero max", call: strategy(txlock.LinearBackoff{Step: time.Millisecond}), is: []error{inv}, msg: "Max must be positive"},
 		{name: "linear: step > max", call: strategy(txlock.LinearBackoff{Step: 2 * time.Second, Max: time.Second}), is: []error{inv}, msg: "Step 2s is greater than Max 1s"},
 		{name: "linear: negative jitter", call: strategy(txlock.LinearBackoff{Step: 1, Max: 2, Jitter: -1}), is: []error{inv}, msg: "Jitter must not be negative"},
-		{name: "server wait: negative window", call: strategy(txlock.ServerWait{Window: -time.Second}), is: []error{inv}, msg: "Window must be zero"},
-		{name: "server wait: sub-millisecond window", call: strategy(txlock.ServerWait{Window: time.Microsecond}), is: []error{inv}, msg: "at least 1ms"},
-		{name: "server wait: negative pause", call: strategy(txlock.ServerWait{Pause: -time.Second}), is: []error{inv}, msg: "Pause must not be negative"},
+		{name: "server wait: negative window", call: opt(txlock.WithServerWait(txlock.ServerWait{Window: -time.Second})), is: []error{inv}, msg: "Window must be zero"},
+		{name: "server wait: sub-millisecond window", call: opt(txlock.WithServerWait(txlock.ServerWait{Window: time.Microsecond})), is: []error{inv}, msg: "at least 1ms"},
+		{name: "server wait: negative pause", call: opt(txlock.WithServerWait(txlock.ServerWait{Pause: -time.Second})), is: []error{inv}, msg: "Pause must not be negative"},
+		{name: "server wait with a retry strategy", call: opt(txlock.WithServerWait(txlock.ServerWait{}), txlock.WithRetry(txlock.NoRetry)), is: []error{inv}, msg: "WithRetry and WithServerWait cannot be combined"},
 
 		// Keys.
 		{name: "zero key", call: key(txlock.Key{}), is: []error{ik}, msg: "zero Key"},
@@ -252,11 +253,11 @@ func badCases() []badCase {
 
 var errSentinel = errors.New("sentinel")
 
-// TestBadInput runs every bad input through the API. Each gets an error that
-// matches its sentinel and names the problem, fn does not run when it must
-// not, nothing fn wrote survives a failed call, and nothing is left held
-// or leaked afterwards.
-func TestBadInput(t *testing.T) {
+// TestBadInputLeavesNothingBehind runs every bad input through the API
+// against real servers. Each gets an error that matches its sentinel and
+// names the problem, fn does not run when it must not, nothing fn wrote
+// survives a failed call, and nothing is left held or leaked afterwards.
+func TestBadInputLeavesNothingBehind(t *testing.T) {
 	pg := pgtest.Postgres(t)
 	sb := pgtest.Standby(t)
 	leaks := newLeaks()

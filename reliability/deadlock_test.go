@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // crossLock has two caller-owned transactions each take one key, then ask
@@ -79,7 +79,7 @@ func TestDeadlock(t *testing.T) {
 			db := pool(t, dsn, 4)
 
 			t.Run("server wait reports 40P01", func(t *testing.T) {
-				errs, took, usable := crossLock(t, db, false, txlock.WithRetry(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithTimeout(10*time.Second))
+				errs, took, usable := crossLock(t, db, false, txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithTimeout(10*time.Second))
 				t.Logf("took %v: %v / %v", took.Round(time.Millisecond), errs[0], errs[1])
 				loser := 0
 				if errs[0] == nil {
@@ -118,7 +118,7 @@ func TestDeadlock(t *testing.T) {
 		name string
 		opt  txlock.Option
 	}{
-		{"server wait", txlock.WithRetry(txlock.ServerWait{})},
+		{"server wait", txlock.WithServerWait(txlock.ServerWait{})},
 		{"polling", txlock.WithRetry(txlock.ExponentialBackoff{})},
 	} {
 		t.Run("WithLocks never deadlocks/"+strategy.name, func(t *testing.T) {

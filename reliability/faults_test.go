@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // Classes of errors a broken or refused connection explains.

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // TestLoad runs 64 workers on 8 keys, directly and through PgBouncer in

@@ -19,8 +19,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 func TestMain(m *testing.M) {

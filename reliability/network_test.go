@@ -16,8 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // blackholeToxic drops everything and, unlike toxiproxy's timeout toxic,

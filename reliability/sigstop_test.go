@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/checker"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // holderEnv makes the test binary, re-executed by TestFaultSIGSTOP, act as a

@@ -8,7 +8,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"reflect"
 
 	"github.com/jmoiron/sqlx"
 
@@ -96,13 +95,18 @@ func (a *adapter) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, er
 
 // TxlockQueueHandle names the handle the adapter wraps, so that the calls of
 // this process that wait for the same keys on it queue behind each other
-// (see txlock.WithLock), sqlx ones and database/sql ones alike.
+// (see txlock's "Local queues"), sqlx ones and database/sql ones alike. It
+// is also how txlock sees a nil db behind the adapter.
 func (a *adapter) TxlockQueueHandle() any {
 	switch db := a.db.(type) {
 	case *sqlx.DB:
-		return db.DB
+		if db != nil {
+			return db.DB
+		}
 	case *sqlx.Conn:
-		return db.Conn
+		if db != nil {
+			return db.Conn
+		}
 	}
 	return a.db
 }
@@ -122,9 +126,7 @@ func (p poolAdapter) QueryRowContext(ctx context.Context, query string, args ...
 func (p poolAdapter) Stats() sql.DBStats { return p.pool.Stats() }
 
 func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (txlock.Beginner, func(context.Context, *sql.Tx) error, error) {
-	if db == nil || (reflect.ValueOf(db).Kind() == reflect.Pointer && reflect.ValueOf(db).IsNil()) {
-		return nil, nil, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
-	}
+	// txlock reports a nil db, through TxlockQueueHandle.
 	if fn == nil {
 		return nil, nil, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/lockstmt"
 )
 
 // env is what an implementation runs against in one measurement.
@@ -46,10 +47,17 @@ type workerImpl interface {
 // lockKey is the txlock key of row id.
 func lockKey(id int) txlock.Key { return txlock.StringKey("bench:row:" + strconv.Itoa(id)) }
 
-// lockArgs is the same key as advisory lock function arguments.
-func lockArgs(id int) string {
+// lockInt64 is the bigint of lockKey(id).
+func lockInt64(id int) int64 {
 	n, _ := lockKey(id).Int64()
-	return "'" + strconv.FormatInt(n, 10) + "'::int8"
+	return n
+}
+
+// lockArgs is the same key as advisory lock function arguments, for the
+// alternatives that send their own statements. The literal is quoted
+// because the magnitude of math.MinInt64 does not fit a bigint literal.
+func lockArgs(id int) string {
+	return "'" + strconv.FormatInt(lockInt64(id), 10) + "'::int8"
 }
 
 // inTx runs w in a plain transaction and commits. lock, if not nil, runs
@@ -107,15 +115,14 @@ var plainTxRoundTrip = impl{name: "plain-tx+1rt", pgbouncerSafe: true,
 	}}
 
 // plainTxLockStmt is the plain transaction plus txlock's own lock
-// statement (the form WithLock sends; keep it in step with lockStatement),
-// sent by hand: the server's share of txlock's cost, without any of its
-// client-side work (options, timeout, local queue, retry loop).
+// statement (lockstmt.Exclusive, the one WithLock sends), sent by hand: the
+// server's share of txlock's cost, without any of its client-side work
+// (options, timeout, local queue, retry loop). The statement returns one
+// row when the lock is granted.
 var plainTxLockStmt = impl{name: "plain-tx+lock-stmt", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
 		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
-			res, err := tx.ExecContext(ctx, "SELECT 1 WHERE CASE WHEN pg_is_in_recovery() THEN "+
-				"set_config('txlock.in_recovery', 'txlock: the server is in recovery, no lock was attempted', true)::int = 0 "+
-				"WHEN pg_try_advisory_xact_lock("+lockArgs(id)+") THEN true ELSE false END")
+			res, err := tx.ExecContext(ctx, lockstmt.Exclusive(lockInt64(id)))
 			if err != nil {
 				return err
 			}

@@ -370,7 +370,7 @@ func scenarios(o options) []scenario {
 // txlockStrategies are txlock's non-default wait strategies.
 func txlockStrategies() []impl {
 	return []impl{
-		txlockImpl("txlock/server-wait", txlock.WithRetry(txlock.ServerWait{})),
+		txlockImpl("txlock/server-wait", txlock.WithServerWait(txlock.ServerWait{})),
 		txlockImpl("txlock/backoff-1-8ms", txlock.WithRetry(txlock.ExponentialBackoff{Min: time.Millisecond, Max: 8 * time.Millisecond})),
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -11,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/txlock/txlock/internal/pgtest"
 )
 
 // redisServer is a throwaway redis-server child process.
@@ -34,7 +35,7 @@ func startRedis() (*redisServer, error) {
 	}
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
+		port, err := pgtest.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -84,14 +85,4 @@ func startRedis() (*redisServer, error) {
 		dir, _ = os.MkdirTemp("", "txlock-bench-redis-")
 	}
 	return nil, fmt.Errorf("starting redis-server: %w", lastErr)
-}
-
-// freePort asks the kernel for a free TCP port on 127.0.0.1.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

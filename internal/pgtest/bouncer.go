@@ -70,7 +70,7 @@ func StartBouncer(upstream *Cluster, opts BouncerOptions) (*Bouncer, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for range startAttempts {
-		if b.port, err = freePort(); err != nil {
+		if b.port, err = FreePort(); err != nil {
 			break
 		}
 		if err = b.writeIni(upstream.Port(), opts.PoolSize); err != nil {

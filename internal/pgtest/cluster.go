@@ -151,7 +151,7 @@ func (c *Cluster) firstStart() error {
 	defer c.mu.Unlock()
 	var err error
 	for range startAttempts {
-		if c.port, err = freePort(); err != nil {
+		if c.port, err = FreePort(); err != nil {
 			return fmt.Errorf("pgtest: %w", err)
 		}
 		if err = c.startLocked(); err == nil || !addrInUse(c.logPath) {

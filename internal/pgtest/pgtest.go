@@ -10,9 +10,10 @@
 //
 // Existing servers can be used instead of throwaway ones by setting
 // TXLOCK_TEST_DATABASE_URL, TXLOCK_TEST_PGBOUNCER_URL together with
-// TXLOCK_TEST_PGBOUNCER_ADMIN_URL, and TXLOCK_TEST_STANDBY_URL. When no
-// server can be had, tests are skipped, unless the environment variable CI is
-// non-empty: then they fail.
+// TXLOCK_TEST_PGBOUNCER_ADMIN_URL, and TXLOCK_TEST_STANDBY_URL (the
+// program in pgdocker sets TXLOCK_TEST_DATABASE_URL to a PostgreSQL in a
+// Docker container). When no server can be had, tests are skipped, unless
+// the environment variable CI is non-empty: then they fail.
 //
 // When the process runs as root, the servers run as the user "nobody",
 // because PostgreSQL and PgBouncer refuse to run as root.
@@ -35,7 +36,6 @@ const (
 	envStandbyURL      = "TXLOCK_TEST_STANDBY_URL"
 	envPGBinDir        = "TXLOCK_TEST_PG_BINDIR"
 	envPgBouncerBin    = "TXLOCK_TEST_PGBOUNCER"
-	envDocker          = "TXLOCK_TEST_DOCKER"
 	envCI              = "CI"
 	sharedBouncerPool  = 5
 	mainMissingMessage = "pgtest: shared test servers need TestMain to call pgtest.Main, e.g. func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }"
@@ -57,20 +57,7 @@ var shared struct {
 	cluster  lazy[*Cluster]
 	bouncer  lazy[*Bouncer]
 	standby  lazy[*Cluster]
-	// external is a shared server from another provider, closed by Main.
-	external lazy[externalServer]
 }
-
-// externalServer is a shared PostgreSQL provided by something other than the
-// local binaries.
-type externalServer struct {
-	url   string
-	close func() error
-}
-
-// externalProvider, when set, starts a PostgreSQL by other means when
-// TXLOCK_TEST_DOCKER=1.
-var externalProvider func() (externalServer, error)
 
 // Main runs the tests and then closes every shared server that was started,
 // returning the exit code for os.Exit. It also closes them, and exits
@@ -130,9 +117,6 @@ func closeShared() error {
 	if c := shared.cluster.val; c != nil {
 		errs = append(errs, c.Close())
 	}
-	if e := shared.external.val; e.close != nil {
-		errs = append(errs, e.close())
-	}
 	for _, err := range errs {
 		if err != nil {
 			return fmt.Errorf("pgtest: closing the shared test servers: %w", err)
@@ -169,7 +153,7 @@ func sharedClusterLocked() (*Cluster, error) {
 // ownClusterLocked reports whether the shared PostgreSQL is a throwaway
 // cluster of this package, which PgBouncer and Standby can build on.
 func ownClusterLocked() bool {
-	return os.Getenv(envDatabaseURL) == "" && os.Getenv(envDocker) != "1"
+	return os.Getenv(envDatabaseURL) == ""
 }
 
 // Postgres returns the URL of a PostgreSQL server shared by all tests of the
@@ -185,21 +169,6 @@ func Postgres(t testing.TB) string {
 	defer shared.mu.Unlock()
 	if !sharedReady(t) {
 		return ""
-	}
-	if os.Getenv(envDocker) == "1" {
-		if externalProvider == nil {
-			Unavailable(t, "%s=1 needs the tests built with -tags docker; or unset it, or set %s to a PostgreSQL URL", envDocker, envDatabaseURL)
-			return ""
-		}
-		if !shared.external.done {
-			shared.external.done = true
-			shared.external.val, shared.external.err = externalProvider()
-		}
-		if err := shared.external.err; err != nil {
-			Unavailable(t, "no PostgreSQL from docker (set %s to a PostgreSQL URL instead): %v", envDatabaseURL, err)
-			return ""
-		}
-		return shared.external.val.url
 	}
 	c, err := sharedClusterLocked()
 	if err != nil {

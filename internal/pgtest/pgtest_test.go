@@ -85,7 +85,7 @@ func ping(url string) error {
 }
 
 func usingThrowaway() bool {
-	return os.Getenv("TXLOCK_TEST_DATABASE_URL") == "" && os.Getenv("TXLOCK_TEST_DOCKER") != "1"
+	return os.Getenv("TXLOCK_TEST_DATABASE_URL") == ""
 }
 
 func TestPostgres(t *testing.T) {

@@ -146,11 +146,11 @@ func appendFile(path string, data []byte) error {
 	return f.Close()
 }
 
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on right
+// FreePort returns a TCP port on 127.0.0.1 that nothing listens on right
 // now. Ports below the kernel's ephemeral range are preferred, so that the
 // port is not handed out to an outgoing connection while a server is briefly
 // stopped and is about to be restarted on it.
-func freePort() (int, error) {
+func FreePort() (int, error) {
 	lo, hi := 15000, 32767
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {

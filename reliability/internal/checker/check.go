@@ -212,19 +212,12 @@ func AdvisoryLocks(ctx context.Context, db *sql.DB) (int, error) {
 	return n, err
 }
 
-// HeldBy returns the pids of the backends holding k in db's current database.
+// HeldBy returns the pids of the backends holding k in db's current
+// database. Each advisory row of pg_locks is decoded with
+// txlock.KeyFromPgLocks, so the encoding is the library's.
 func HeldBy(ctx context.Context, db *sql.DB, k txlock.Key) ([]int, error) {
-	var classid, objid int64
-	var objsubid int
-	if n, ok := k.Int64(); ok {
-		classid, objid, objsubid = int64(uint32(uint64(n)>>32)), int64(uint32(n)), 1
-	} else {
-		a, b, _ := k.Pair()
-		classid, objid, objsubid = int64(uint32(a)), int64(uint32(b)), 2
-	}
-	rows, err := db.QueryContext(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND classid = $1 AND objid = $2 AND objsubid = $3
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, classid, objid, objsubid)
+	rows, err := db.QueryContext(ctx, `SELECT pid, classid::int8, objid::int8, objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	if err != nil {
 		return nil, err
 	}
@@ -232,10 +225,30 @@ func HeldBy(ctx context.Context, db *sql.DB, k txlock.Key) ([]int, error) {
 	var pids []int
 	for rows.Next() {
 		var pid int
-		if err := rows.Scan(&pid); err != nil {
+		var classid, objid int64 // oids, unsigned 32-bit
+		var objsubid int
+		if err := rows.Scan(&pid, &classid, &objid, &objsubid); err != nil {
 			return nil, err
 		}
-		pids = append(pids, pid)
+		held, err := txlock.KeyFromPgLocks(uint32(classid), uint32(objid), objsubid)
+		if err != nil {
+			return nil, err
+		}
+		if sameKey(held, k) {
+			pids = append(pids, pid)
+		}
 	}
 	return pids, rows.Err()
+}
+
+// sameKey reports whether a and b are the same PostgreSQL advisory key,
+// whatever names they were derived from.
+func sameKey(a, b txlock.Key) bool {
+	if x, ok := a.Int64(); ok {
+		y, ok := b.Int64()
+		return ok && x == y
+	}
+	a1, a2, ok := a.Pair()
+	b1, b2, okb := b.Pair()
+	return ok && okb && a1 == b1 && a2 == b2
 }

@@ -1,0 +1,231 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// ownTx is the acquirer of WithLock, WithLocks, TryWithLock and
+// TryWithLocks: each attempt begins a transaction of its own on db and runs
+// the lock statement in it; a busy attempt rolls back, which returns the
+// connection to the pool, and a granted one keeps the transaction for fn.
+type ownTx struct {
+	c    *config
+	db   Beginner
+	pool *sql.DB // the pool behind db, if the call queues on one; else nil
+	fn   func(context.Context, *sql.Tx) error
+	keys []Key
+	stmt string // the polling lock statement
+	h    holder // the granted lock
+}
+
+var _ acquirer = (*ownTx)(nil)
+
+// maxEarlyBegin bounds how long a caller that was handed its turn before the
+// previous holder's transaction ended holds its begun transaction, and so a
+// connection, while that holder's COMMIT runs (see queue.go).
+const maxEarlyBegin = 50 * time.Millisecond
+
+// attempt implements attempter. Until the lock is granted, the attempt's
+// transaction is bound to the wait's deadline as well as to ctx, so that a
+// stalled BEGIN or statement ends with the wait.
+//
+// Until the wait has made its context (an uncontended call's first attempt),
+// that bound is a timer, or nothing at all when ctx's own deadline comes
+// first: an uncontended call of a request handler, whose context has a
+// deadline, then begins the transaction with ctx itself, and fn runs under
+// the caller's context.
+func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
+	c := a.c
+	stmt := a.stmt
+	if b.window > 0 {
+		stmt = waitStatement(a.keys, c.shared, c.maxHold, b.window)
+	}
+	if b.waitCtx == nil && c.maxHold == 0 {
+		if d, ok := ctx.Deadline(); ok && !d.After(b.deadline) {
+			tx, err := a.db.BeginTx(ctx, c.txOpts)
+			if err != nil {
+				return busy, fmt.Errorf("txlock: begin: %w", err)
+			}
+			out, err := tryLock(ctx, tx, stmt)
+			if err == nil && out == granted && ctx.Err() != nil {
+				// ctx ended as the lock was granted: database/sql is
+				// rolling the transaction back, and fn must not start.
+				out, err = busy, ctx.Err()
+			}
+			if err != nil || out != granted {
+				_ = tx.Rollback()
+				return out, err
+			}
+			a.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+			return granted, nil
+		}
+	}
+	txCtx, txCancel := context.WithCancelCause(ctx)
+	tie := b.tie(txCancel)
+	tx, err := a.begin(txCtx, b.prevEnd)
+	if err != nil {
+		tie.untie()
+		txCancel(nil)
+		return busy, fmt.Errorf("txlock: begin: %w", err)
+	}
+	out, err := tryLock(txCtx, tx, stmt)
+	if err == nil && out == granted && (!tie.untie() || txCtx.Err() != nil) {
+		// The deadline fired, or ctx ended, as the lock was granted; the
+		// transaction is being rolled back, and fn must not start.
+		out, err = busy, context.DeadlineExceeded
+	}
+	if err != nil || out != granted {
+		tie.untie()
+		_ = tx.Rollback()
+		txCancel(nil)
+		return out, err
+	}
+	// Once the deadline is untied, txCtx ends only with ctx (or when fn is
+	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
+	// the driver then has no context to watch around each of fn's
+	// statements.
+	a.h = holder{tx: tx, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
+	if c.maxHold > 0 {
+		a.h.bound(c.maxHold)
+	}
+	return granted, nil
+}
+
+// begin begins an attempt's transaction. If the turn was handed on before
+// the previous holder's transaction ended, it then waits for prevEnd, so
+// that the lock statement finds the lock free; if that takes longer than
+// maxEarlyBegin, it rolls back, waits without a connection, and begins
+// again. When the pool has no idle connection, an early BEGIN would open
+// one, or wait for the holder's: begin then waits first.
+func (a *ownTx) begin(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
+	if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
+		if err := awaitEnd(ctx, prevEnd); err != nil {
+			return nil, err
+		}
+		prevEnd = nil
+	}
+	tx, err := a.db.BeginTx(ctx, a.c.txOpts)
+	if err != nil || prevEnd == nil {
+		return tx, err
+	}
+	t := time.NewTimer(maxEarlyBegin)
+	defer t.Stop()
+	select {
+	case <-prevEnd:
+		return tx, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	_ = tx.Rollback()
+	if err := awaitEnd(ctx, prevEnd); err != nil {
+		return nil, err
+	}
+	return a.db.BeginTx(ctx, a.c.txOpts)
+}
+
+// awaitEnd waits for the end of the previous holder's transaction, or for
+// ctx.
+func awaitEnd(ctx context.Context, end <-chan struct{}) error {
+	select {
+	case <-end:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// hold implements acquirer.
+func (a *ownTx) hold(st *lockState, handOn func()) error {
+	st.db, st.tx = a.db, a.h.tx
+	return a.h.run(a.fn, st, handOn)
+}
+
+// holdUnlocked implements acquirer: fn runs in a transaction of its own,
+// without the lock.
+func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
+	txCtx, txCancel := context.WithCancelCause(ctx)
+	tx, err := a.db.BeginTx(txCtx, a.c.txOpts)
+	if err != nil {
+		txCancel(nil)
+		return fmt.Errorf("txlock: begin: %w", err)
+	}
+	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
+	st.db, st.tx = a.db, tx
+	return h.run(a.fn, st, nil)
+}
+
+// pooled implements acquirer.
+func (a *ownTx) pooled() bool { return a.pool != nil }
+
+// deadlineTie ends an attempt's transaction when the wait's deadline passes:
+// an AfterFunc on the wait's context, or, before the wait has one, a timer.
+type deadlineTie struct {
+	timer     *time.Timer
+	stopAfter func() bool
+}
+
+// tie ties cancel to b's deadline.
+func (b bound) tie(cancel context.CancelCauseFunc) deadlineTie {
+	if b.waitCtx != nil {
+		return deadlineTie{stopAfter: context.AfterFunc(b.waitCtx, func() { cancel(context.Cause(b.waitCtx)) })}
+	}
+	return deadlineTie{timer: time.AfterFunc(time.Until(b.deadline), func() { cancel(context.DeadlineExceeded) })}
+}
+
+// untie stops the deadline from ending the transaction, and reports whether
+// it had not already.
+func (t deadlineTie) untie() bool {
+	if t.timer != nil {
+		return t.timer.Stop()
+	}
+	return t.stopAfter()
+}
+
+// tryLock runs a lock statement in tx and decodes its outcome. A ServerWait
+// window that ends in lock_timeout (55P03), or that the deadlock detector
+// picks (40P01), is a busy lock: the caller rolls the transaction back, which
+// undoes whatever the statement did. (LockTx, whose transaction is the
+// caller's, sorts those errors out itself: see callerTx.)
+//
+// The statement's answer is carried in the row count of the command tag (see
+// lockStatement), which database/sql returns as RowsAffected.
+func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
+	out, err := runLockStatement(ctx, tx, stmt)
+	if err != nil {
+		switch SQLState(err) {
+		case codeLockNotAvailable, codeDeadlock:
+			return busy, nil
+		}
+	}
+	return out, err
+}
+
+// runLockStatement runs a lock statement in tx and decodes its outcome.
+func runLockStatement(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
+	res, err := tx.ExecContext(ctx, stmt)
+	if err != nil {
+		if isStandbyError(err) {
+			return standby, nil
+		}
+		if isIsolationError(err) {
+			return busy, errServerWaitIsolation(err)
+		}
+		return busy, fmt.Errorf("txlock: lock statement: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return busy, fmt.Errorf("txlock: lock statement result: %w", err)
+	}
+	switch n {
+	case 0:
+		return busy, nil
+	case 1:
+		return granted, nil
+	case 2:
+		return standby, nil
+	}
+	return busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
+}

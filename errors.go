@@ -1,0 +1,126 @@
+package txlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Errors returned by this package. Match them with errors.Is.
+var (
+	// ErrLockTimeout: the lock was not granted before the deadline, or the
+	// context ended while waiting. The error is a *LockTimeoutError.
+	ErrLockTimeout = errors.New("txlock: lock wait timed out")
+
+	// ErrStandby: the server is a hot standby (pg_is_in_recovery() is true).
+	// An advisory lock taken there excludes nothing on the primary, so it is
+	// refused and fn does not run.
+	ErrStandby = errors.New("txlock: server is a hot standby; a lock there would exclude nothing on the primary")
+
+	// ErrTxDone: fn committed or rolled back the lock's transaction itself.
+	// The lock ended with that transaction. WithLock does not commit again.
+	ErrTxDone = errors.New("txlock: fn ended the lock's transaction itself (Commit or Rollback); the lock ended with it")
+
+	// ErrHoldTimeout: the lock was held past the WithMaxHold bound, and its
+	// transaction was rolled back.
+	ErrHoldTimeout = errors.New("txlock: lock held past its WithMaxHold bound; transaction rolled back")
+
+	// ErrCommitFailed: fn succeeded, but committing its transaction failed.
+	// A server error (a deferred constraint, a serialization failure) means
+	// nothing was committed; a broken connection or an ended context during
+	// COMMIT leaves the outcome unknown. The cause stays reachable with
+	// errors.Is and errors.As.
+	ErrCommitFailed = errors.New("txlock: commit failed")
+
+	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, or an
+	// invalid Option. Nothing was sent to the database.
+	ErrInvalidArgument = errors.New("txlock: invalid argument")
+)
+
+// LockTimeoutError reports a lock that was not granted in time. It matches
+// ErrLockTimeout, and, when the caller's context ended, that context's error
+// (context.Canceled or context.DeadlineExceeded) too.
+type LockTimeoutError struct {
+	Keys     []Key         // the keys asked for, in canonical order
+	Attempts int           // lock statements run
+	Waited   time.Duration // time from the call to giving up
+	Err      error         // the caller's context error, or nil if the timeout option ran out
+}
+
+func (e *LockTimeoutError) Error() string {
+	var sb strings.Builder
+	sb.WriteString("txlock: lock wait timed out: ")
+	writeKeys(&sb, e.Keys)
+	fmt.Fprintf(&sb, " not granted after %d attempts in %v", e.Attempts, e.Waited.Round(time.Microsecond))
+	if e.Err != nil {
+		sb.WriteString(": ")
+		sb.WriteString(e.Err.Error())
+	}
+	return sb.String()
+}
+
+// Is reports whether target is ErrLockTimeout.
+func (e *LockTimeoutError) Is(target error) bool { return target == ErrLockTimeout }
+
+// Unwrap returns the caller's context error, if any.
+func (e *LockTimeoutError) Unwrap() error { return e.Err }
+
+// SQLState returns the SQLSTATE code of the first PostgreSQL error in err's
+// chain, or "" if there is none. It works with any driver whose errors have
+// a SQLState() string method, as pgx's *pgconn.PgError does.
+func SQLState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
+	}
+	return ""
+}
+
+// PostgreSQL error codes the lock acts on.
+const (
+	codeLockNotAvailable = "55P03" // lock_timeout ended a ServerWait window
+	codeDeadlock         = "40P01" // deadlock_detected
+	codeSerialization    = "40001" // serialization_failure
+)
+
+// retryable reports a serialization failure or a deadlock: WithLock re-runs
+// fn after it (WithSerializationRetries).
+func retryable(err error) bool {
+	switch SQLState(err) {
+	case codeSerialization, codeDeadlock:
+		return true
+	}
+	return false
+}
+
+// isContextErr reports an error caused by a context ending: how an attempt
+// cut off by the wait's deadline fails.
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// errServerWaitIsolation explains waitStatement's refusal of the
+// transaction's isolation level (isIsolationError).
+func errServerWaitIsolation(err error) error {
+	return fmt.Errorf("%w: ServerWait needs ReadCommitted: the snapshot of a transaction above it would be taken before the wait, so fn would not see the previous holder's writes (the level may come from the server's default_transaction_isolation): %w", ErrInvalidArgument, err)
+}
+
+// errBusy is the internal result of a try that found the lock held.
+var errBusy = errors.New("txlock: busy")
+
+func keysString(keys []Key) string {
+	var sb strings.Builder
+	writeKeys(&sb, keys)
+	return sb.String()
+}
+
+func writeKeys(sb *strings.Builder, keys []Key) {
+	for i, k := range keys {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		sb.WriteString(k.String())
+	}
+}

@@ -1,0 +1,10 @@
+// Package lockstmt hands the library's lock statement to the repository's
+// own programs. It exists only for them; it is not part of txlock's API.
+package lockstmt
+
+// Exclusive returns the statement WithLock sends, in its own transaction, to
+// try the exclusive lock of txlock.Int64Key(key). Package txlock sets it at
+// init to its own builder of that statement, so that a program can send the
+// library's statement by hand (cmd/txlock-bench measures it without the
+// client-side work around it). It is nil until package txlock is imported.
+var Exclusive func(key int64) string

@@ -1,0 +1,116 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+// LockTx takes the transaction-scoped advisory lock key inside the caller's
+// transaction tx, for repository methods that already run in one. The lock
+// lasts until tx commits or rolls back. Options as for WithLock, except that
+// WithTxOptions, WithFailOpen and WithSerializationRetries, which concern
+// a transaction of txlock's own, are refused (ErrInvalidArgument).
+//
+// LockTx polls with pg_try_advisory_xact_lock, sleeping between attempts as
+// WithLock does, but it cannot release the connection between attempts: the
+// caller's transaction keeps it. Prefer WithLock where the lock can be the
+// first thing a transaction does. LockTx calls do not queue locally.
+//
+// With WithServerWait, LockTx waits in the server's lock queue instead, one
+// window at a time, inside a SAVEPOINT: a window that passes (lock_timeout,
+// 55P03) is rolled back to the savepoint, leaving the caller's transaction
+// and its lock_timeout as they were, and a granted lock lasts until the
+// transaction ends. Two transactions that take keys in conflicting orders
+// then deadlock in the server, and PostgreSQL's deadlock detector ends one
+// wait after deadlock_timeout: LockTx returns that error, whose SQLState is
+// 40P01, at once, with the caller's transaction still usable (roll it back,
+// and retry the whole transaction if you like).
+//
+// A context cancelled while a statement runs makes pgx close the connection,
+// which ends tx. Taking several keys one by one in different orders in
+// different transactions can livelock until the timeout; use WithLocks.
+func LockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) error {
+	_, err := lockTx(ctx, tx, key, false, opts)
+	return err
+}
+
+// TryLockTx makes one attempt at key inside the caller's transaction tx and
+// reports whether the lock was granted.
+func TryLockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) (acquired bool, err error) {
+	return lockTx(ctx, tx, key, true, opts)
+}
+
+func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (bool, error) {
+	a := &callerTx{tx: tx}
+	c := &a.c
+	if err := c.init(opts, true); err != nil {
+		return false, err
+	}
+	if tx == nil {
+		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
+	}
+	if err := key.Err(); err != nil {
+		return false, err
+	}
+	if try {
+		c.mode = tryOnce
+	}
+	a.one[0] = key
+	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
+	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, false)
+	err := c.wait(ctx, &a.lease, a, nil)
+	if errors.Is(err, errBusy) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// callerTx is the attempter of LockTx: each attempt is a statement in the
+// caller's transaction.
+type callerTx struct {
+	c     config
+	tx    *sql.Tx
+	stmt  string
+	lease Lease
+	one   [1]Key
+}
+
+// attempt implements attempter. Statements run under ctx, not the wait's
+// context: cancelling a statement closes the connection, which would end
+// the caller's transaction. A server-side wait is bounded by lock_timeout
+// instead, and runs in a savepoint, so that its timeout leaves the caller's
+// transaction usable: ROLLBACK TO SAVEPOINT undoes the failed wait (and its
+// set_config), RELEASE SAVEPOINT keeps a granted lock until the transaction
+// ends.
+func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
+	if b.window <= 0 {
+		return runLockStatement(ctx, a.tx, a.stmt)
+	}
+	out, err := runLockStatement(ctx, a.tx, savepoint+waitStatement(a.lease.Keys, a.c.shared, a.c.maxHold, b.window))
+	if err == nil {
+		if _, err := a.tx.ExecContext(ctx, releaseSavepoint); err != nil {
+			return busy, fmt.Errorf("txlock: release savepoint: %w", err)
+		}
+		return out, nil
+	}
+	code := SQLState(err)
+	if code != codeLockNotAvailable && code != codeDeadlock && !isIsolationError(err) {
+		return busy, err
+	}
+	if _, rerr := a.tx.ExecContext(ctx, rollbackToSavepoint); rerr != nil {
+		return busy, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
+	}
+	switch code {
+	case codeLockNotAvailable:
+		return busy, nil // the window passed
+	case codeDeadlock:
+		// A deadlock between caller transactions: waiting again would
+		// deadlock again. The caller's transaction is still usable.
+		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.lease.Keys), err)
+	}
+	// The isolation level was refused (see waitStatement). The caller's
+	// transaction is still usable.
+	return busy, err
+}

@@ -1,0 +1,218 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"reflect"
+	"slices"
+	"sync"
+)
+
+// Local queues and the handoff.
+//
+// The WithLock calls of one process that wait for the same keys, in the
+// same mode, on the same database handle, form a local queue: only the
+// caller whose turn it is makes attempts (polls, or waits in the server's
+// lock queue with ServerWait); the others wait in FIFO order, holding no
+// connection, so the database sees one waiter per key per process instead
+// of one per goroutine. A caller keeps the turn while it holds the lock, and
+// then hands it to the next, which tries at once instead of sleeping:
+//
+//   - With polling, on a *sql.DB, the turn passes as soon as fn returns,
+//     before the holder's COMMIT or ROLLBACK, together with a channel that is
+//     closed once that call has returned (bound.prevEnd). The next caller
+//     begins its transaction at once, if the pool has an idle connection,
+//     waits for the channel, and only then sends its lock statement, which
+//     finds the lock free and, at RepeatableRead, takes its snapshot after
+//     that COMMIT (BEGIN takes none in PostgreSQL). It holds that begun
+//     transaction for at most maxEarlyBegin of a slow COMMIT; then it rolls
+//     back and waits without a connection (see ownTx.begin).
+//   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
+//     the next caller's wait in the server is granted the moment the
+//     holder's transaction ends, with no round trip in between.
+//   - Otherwise (a *sql.Conn, which has room for one transaction), the turn
+//     passes once the holder's transaction has ended.
+//
+// A caller that gives up while queued, or holding the turn, passes the turn
+// on, with the channel it carries. Polling and ServerWait calls queue apart,
+// as their handoffs differ. Shared locks and tries do not queue.
+
+// queues holds this process's local queues.
+var queues struct {
+	sync.Mutex
+	m map[queueKey]*queue
+}
+
+// queueKey names a local queue: the same keys (the same lock statement) on
+// the same database handle, in the same mode.
+type queueKey struct {
+	handle     any // see queueHandle
+	stmt       string
+	serverWait bool
+}
+
+// queue is one local queue: whether a caller has the turn, and the callers
+// waiting for it, in the order they queued.
+type queue struct {
+	held    bool
+	waiting []*ticket
+}
+
+// refs counts the callers in q: the one with the turn, and those waiting.
+func (q *queue) refs() int {
+	if q.held {
+		return 1 + len(q.waiting)
+	}
+	return len(q.waiting)
+}
+
+// ticket is one call's place in the local queue of its keys.
+type ticket struct {
+	key queueKey
+	q   *queue // the queue while the call is in it, waiting or holding the turn
+	// turn receives the turn while the call waits for it, with what the
+	// turn carries.
+	turn chan chan struct{}
+	// prevEnd is what the turn carried: see bound.prevEnd. It is passed on
+	// with the turn if the call gives up, so that the next caller, too,
+	// waits for the transaction it belongs to. Once that has ended, passing
+	// it on costs nothing.
+	prevEnd chan struct{}
+	// end is closed once this call's transaction has ended, after it handed
+	// its turn on early.
+	end chan struct{}
+}
+
+// othersQueued reports that other callers are queued for the same keys.
+func (t *ticket) othersQueued() bool {
+	queues.Lock()
+	defer queues.Unlock()
+	return queues.m[t.key] != nil
+}
+
+// entered reports whether the call is in its queue.
+func (t *ticket) entered() bool { return t.q != nil }
+
+// enter queues the call and waits for its turn, until waitCtx ends. It
+// reports whether the turn came. Callers get the turn in the order in which
+// they entered.
+func (t *ticket) enter(waitCtx context.Context) bool {
+	queues.Lock()
+	if queues.m == nil {
+		queues.m = map[queueKey]*queue{}
+	}
+	q := queues.m[t.key]
+	if q == nil {
+		q = &queue{}
+		queues.m[t.key] = q
+	}
+	if !q.held {
+		q.held = true
+		queues.Unlock()
+		t.q, t.prevEnd = q, nil
+		return true
+	}
+	if t.turn == nil {
+		t.turn = make(chan chan struct{}, 1)
+	}
+	q.waiting = append(q.waiting, t)
+	queues.Unlock()
+	select {
+	case t.prevEnd = <-t.turn:
+		t.q = q
+		return true
+	case <-waitCtx.Done():
+	}
+	queues.Lock()
+	if i := slices.Index(q.waiting, t); i >= 0 {
+		q.waiting = slices.Delete(q.waiting, i, i+1)
+		queues.Unlock()
+		return false
+	}
+	queues.Unlock()
+	// The turn came as the wait ended: pass it on.
+	t.q, t.prevEnd = q, <-t.turn
+	t.passTurn(t.prevEnd)
+	return false
+}
+
+// handOnEarly passes the turn on once fn has returned, before the call's
+// transaction ends, if another caller is queued: the turn carries t.end,
+// which leave closes once the transaction has ended. If nobody is queued
+// the call keeps its turn until then, so that a newcomer does not find the
+// lock still held.
+func (t *ticket) handOnEarly() {
+	queues.Lock()
+	queued := len(t.q.waiting) > 0
+	queues.Unlock()
+	if !queued {
+		return
+	}
+	t.end = make(chan struct{})
+	t.passTurn(t.end)
+}
+
+// handOn passes the turn on at once, carrying nothing: the next caller may
+// start its wait in the server while this call's transaction ends.
+func (t *ticket) handOn() { t.passTurn(nil) }
+
+// leave ends the call's part in its queue, once its transaction has ended
+// (or it gave up): it closes end, and passes the turn on if it still has it,
+// with what the turn carried.
+func (t *ticket) leave() {
+	if t.end != nil {
+		close(t.end)
+		t.end = nil
+	}
+	if t.q != nil {
+		t.passTurn(t.prevEnd)
+	}
+}
+
+// passTurn gives the turn, with prevEnd, to the first caller waiting for it,
+// and drops the queue once nobody is in it.
+func (t *ticket) passTurn(prevEnd chan struct{}) {
+	q := t.q
+	t.q, t.prevEnd = nil, nil
+	queues.Lock()
+	defer queues.Unlock()
+	if len(q.waiting) == 0 {
+		q.held = false
+		delete(queues.m, t.key)
+		return
+	}
+	next := q.waiting[0]
+	q.waiting = slices.Delete(q.waiting, 0, 1)
+	next.turn <- prevEnd
+}
+
+// queueHandle is the identity of db for the local queues, or nil if its
+// calls do not queue. A Beginner that wraps another handle for one call (as
+// package sqlxlock does) names the handle it wraps with a TxlockQueueHandle
+// method, so that its calls share a queue with every other call on that
+// handle. A pointer to a struct that embeds a *sql.DB (as *sqlx.DB does)
+// is that *sql.DB. Only pointers qualify: any other value could hold
+// something that panics when compared.
+func queueHandle(db Beginner) any {
+	var h any = db
+	if w, ok := db.(interface{ TxlockQueueHandle() any }); ok {
+		h = w.TxlockQueueHandle()
+	}
+	if h == nil {
+		return nil
+	}
+	v := reflect.ValueOf(h)
+	if v.Kind() != reflect.Pointer {
+		return nil
+	}
+	if _, ok := h.(*sql.DB); !ok && !v.IsNil() && v.Elem().Kind() == reflect.Struct {
+		if f, ok := v.Elem().Type().FieldByName("DB"); ok && f.Anonymous && f.Type == sqlDBType {
+			if inner := v.Elem().FieldByIndex(f.Index); !inner.IsNil() {
+				return inner.Interface()
+			}
+		}
+	}
+	return h
+}
+
+var sqlDBType = reflect.TypeOf((*sql.DB)(nil))

@@ -1,0 +1,180 @@
+package txlock
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// This file is the wait loop: how one call makes attempts until the lock is
+// granted, the deadline passes, or the context ends. It knows nothing of
+// database/sql: it drives an attempter, the seam through which every way of
+// acquiring (a transaction of txlock's own, a caller's transaction) plugs in.
+
+// An attempter makes lock attempts for one call.
+type attempter interface {
+	// attempt makes one attempt within b. Unless it reports granted, it has
+	// let go of every connection it took before it returns. An attempt
+	// must not outlast b.deadline.
+	attempt(ctx context.Context, b bound) (outcome, error)
+}
+
+// outcome is what one attempt found.
+type outcome int
+
+const (
+	busy    outcome = iota // another session holds a key; nothing is held
+	granted                // every key is held, until the attempt's transaction ends
+	standby                // the server is in recovery; nothing was locked
+)
+
+// bound is what limits one attempt.
+type bound struct {
+	deadline time.Time
+	// waitCtx ends at deadline or with the caller's context. The wait makes
+	// it only once it is needed, for the first sleep or queue: nil until
+	// then, which lets an uncontended call go without it.
+	waitCtx context.Context
+	// window is how long the attempt may wait in the server's lock queue
+	// (ServerWait), never past deadline; 0: it must not wait there.
+	window time.Duration
+	// prevEnd is not nil when the caller ahead in the local queue handed
+	// this call its turn before that caller's transaction ended (see
+	// queue.go): it is closed once that transaction has ended, and the lock
+	// statement must not be sent before.
+	prevEnd <-chan struct{}
+}
+
+// waitMode is how a call waits for a busy lock.
+type waitMode uint8
+
+const (
+	polling  waitMode = iota // sleep as the RetryStrategy says between attempts
+	inServer                 // wait in the server's lock queue, a window per attempt (WithServerWait)
+	tryOnce                  // one attempt; a busy lock ends the call with errBusy
+)
+
+// clock is the wait's time seam: the real clock, except in tests.
+type clock interface {
+	now() time.Time
+	// sleep waits for d or until ctx ends, and reports whether d elapsed.
+	sleep(ctx context.Context, d time.Duration) bool
+}
+
+type realClock struct{}
+
+func (realClock) now() time.Time                                  { return time.Now() }
+func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
+
+// wait makes a's attempts until one is granted, and counts them in lease.
+//
+// A busy attempt is followed by a sleep (polling), by another window in the
+// server (inServer), or by errBusy (tryOnce). If t is not nil, the call
+// queues locally behind the callers of this process that wait for the same
+// keys (see queue.go), and attempts only while it has the turn. Every
+// attempt and every sleep ends by the deadline: then, or when ctx ends, the
+// result is a *LockTimeoutError.
+func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket) error {
+	start := c.clock.now()
+	timeout := func() error {
+		lease.Waited = c.clock.now().Sub(start)
+		return &LockTimeoutError{Keys: lease.Keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
+	}
+	if err := ctx.Err(); err != nil {
+		if c.mode == tryOnce {
+			return fmt.Errorf("txlock: %s not attempted: %w", keysString(lease.Keys), err)
+		}
+		return timeout()
+	}
+	b := bound{deadline: start.Add(c.timeout)}
+	var wc waitCtx
+	defer wc.stop()
+	// enter waits for the turn in the local queue, until the deadline.
+	enter := func() bool {
+		b.waitCtx = wc.get(ctx, b.deadline)
+		if !t.enter(b.waitCtx) {
+			return false
+		}
+		b.prevEnd = t.prevEnd
+		return true
+	}
+	// A ServerWait call queues before its first attempt, which may wait in
+	// the server: only the queue's head should. A polling call does so only
+	// if others are queued already, so as not to overtake them.
+	if t != nil && (c.mode == inServer || t.othersQueued()) && !enter() {
+		return timeout()
+	}
+	for {
+		if c.mode == inServer {
+			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
+		}
+		out, err := a.attempt(ctx, b)
+		if err != nil {
+			// Only the wait's own end is a timeout: a connection error
+			// that happens to arrive after the deadline stays what it is
+			// (and never triggers WithFailOpen).
+			if c.mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
+				return timeout()
+			}
+			return err
+		}
+		lease.Attempts++
+		switch out {
+		case granted:
+			lease.Waited = c.clock.now().Sub(start)
+			return nil
+		case standby:
+			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lease.Keys))
+		}
+		if c.mode == tryOnce {
+			return errBusy
+		}
+		d := c.pause(lease.Attempts)
+		if d < 0 {
+			return timeout()
+		}
+		if t != nil && !t.entered() {
+			if !enter() {
+				return timeout()
+			}
+			continue // the turn came: the holder of this process, if any, just let go
+		}
+		b.waitCtx = wc.get(ctx, b.deadline)
+		if left := b.deadline.Sub(c.clock.now()); d >= left {
+			c.clock.sleep(b.waitCtx, left)
+			return timeout()
+		}
+		if !c.clock.sleep(b.waitCtx, d) {
+			return timeout()
+		}
+	}
+}
+
+// waitCtx is the wait's context, made on first use.
+type waitCtx struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// get returns the context, ending at deadline or with parent.
+func (w *waitCtx) get(parent context.Context, deadline time.Time) context.Context {
+	if w.ctx == nil {
+		w.ctx, w.cancel = context.WithDeadline(parent, deadline)
+	}
+	return w.ctx
+}
+
+func (w *waitCtx) stop() {
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// pause is how long to sleep after n busy attempts: a negative duration
+// means stop trying.
+func (c *config) pause(n int) time.Duration {
+	if c.mode == inServer {
+		return jitter(c.serverWait.Pause)
+	}
+	return c.retry.Backoff(n)
+}

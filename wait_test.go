@@ -1,0 +1,542 @@
+package txlock
+
+// Tests of the wait loop and the local queues without a database: a fake
+// attempter stands for the server's lock, and a fake clock, where a test
+// needs one, makes the timing exact. The integration tests against a real
+// PostgreSQL (txlock_test.go, serverwait_test.go) prove the same behaviour
+// end to end; these pin the loop's own rules, fast and deterministically.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeServer is the server's side of one key: who holds it.
+type fakeServer struct {
+	mu     sync.Mutex
+	holder string // "" when free
+	order  []string
+}
+
+func (s *fakeServer) take(who string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holder != "" {
+		return false
+	}
+	s.holder = who
+	s.order = append(s.order, who)
+	return true
+}
+
+func (s *fakeServer) release(who string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.holder != who {
+		panic("fakeServer: " + who + " releases a lock held by " + s.holder)
+	}
+	s.holder = ""
+}
+
+func (s *fakeServer) grants() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.order...)
+}
+
+// fakeLock is an acquirer over a fakeServer. Like ownTx, an attempt waits
+// for bound.prevEnd before it tries.
+type fakeLock struct {
+	name     string
+	srv      *fakeServer
+	clock    *fakeClock // if not nil, a ServerWait attempt waits out its window on it
+	isPooled bool
+
+	attempting chan bound // if not nil, receives the first attempt's bound as it starts
+	inFn       chan struct{}
+	finishFn   chan struct{} // if not nil, fn returns once it is closed
+	commit     chan struct{} // if not nil, the lock is released once it is closed
+
+	mu     sync.Mutex
+	bounds []bound
+	handed bool // hold was given a handOn
+}
+
+func (f *fakeLock) attempt(ctx context.Context, b bound) (outcome, error) {
+	f.mu.Lock()
+	f.bounds = append(f.bounds, b)
+	first := len(f.bounds) == 1
+	f.mu.Unlock()
+	if f.attempting != nil && first {
+		f.attempting <- b
+	}
+	if b.prevEnd != nil {
+		if err := awaitEnd(ctx, b.prevEnd); err != nil {
+			return busy, err
+		}
+	}
+	if f.srv.take(f.name) {
+		return granted, nil
+	}
+	if b.window > 0 && f.clock != nil {
+		f.clock.advance(b.window) // waited in the server for the whole window
+	}
+	return busy, nil
+}
+
+func (f *fakeLock) hold(st *lockState, handOn func()) error {
+	if f.inFn != nil {
+		close(f.inFn)
+	}
+	if f.finishFn != nil {
+		<-f.finishFn
+	}
+	if handOn != nil {
+		f.mu.Lock()
+		f.handed = true
+		f.mu.Unlock()
+		handOn()
+	}
+	if f.commit != nil {
+		<-f.commit
+	}
+	f.srv.release(f.name)
+	return nil
+}
+
+func (f *fakeLock) holdUnlocked(context.Context, *lockState) error { return nil }
+func (f *fakeLock) pooled() bool                                   { return f.isPooled }
+
+func (f *fakeLock) attempts() []bound {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]bound(nil), f.bounds...)
+}
+
+// fakeClock's time moves only when a sleep or a test moves it. Its epoch is
+// an hour ahead, so that contexts with its deadlines never end by
+// themselves during a test.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Now().Add(time.Hour)} }
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func (c *fakeClock) sleep(ctx context.Context, d time.Duration) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	c.advance(d)
+	return true
+}
+
+// testConfig returns a config from opts, on clk if it is not nil.
+func testConfig(t *testing.T, clk clock, opts ...Option) *config {
+	t.Helper()
+	c := &config{}
+	require.NoError(t, c.init(opts, false))
+	if clk != nil {
+		c.clock = clk
+	}
+	return c
+}
+
+var testKeys = []Key{Int64Key(1)}
+
+// newTicket returns a ticket for a queue of its own: handle stands for the
+// database handle.
+func newTicket(handle *int, serverWait bool) *ticket {
+	return &ticket{key: queueKey{handle: handle, stmt: "k", serverWait: serverWait}}
+}
+
+// eventually waits for cond, polling, for at most 10 s of real time.
+func eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	require.Eventually(t, cond, 10*time.Second, 100*time.Microsecond, msg)
+}
+
+type result struct {
+	acquired bool
+	err      error
+}
+
+// start runs a call of run in a goroutine.
+func start(ctx context.Context, c *config, a acquirer, t *ticket) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		ok, err := run(ctx, c, a, testKeys, t, &lockState{})
+		done <- result{ok, err}
+	}()
+	return done
+}
+
+// FIFO order and the polling handoff: callers queued behind a busy lock are
+// granted in the order they queued, each on its first attempt, and each
+// successor is handed its turn while its predecessor still holds the lock
+// (it begins early), then waits for that lock's end before trying.
+func TestWaitQueueFIFOAndHandoff(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	c := testConfig(t, nil, WithRetry(ConstantBackoff{Interval: time.Millisecond}), WithTimeout(time.Minute))
+	handle := new(int)
+	const n = 5
+	locks := make([]*fakeLock, n)
+	done := make([]<-chan result, n)
+	for i := range n {
+		locks[i] = &fakeLock{name: string(rune('a' + i)), srv: srv, isPooled: true,
+			attempting: make(chan bound, 1), commit: make(chan struct{})}
+		done[i] = start(context.Background(), c, locks[i], newTicket(handle, false))
+		eventually(t, func() bool { return QueueRefs() == i+1 }, "every caller queues in turn")
+	}
+	// Only the head polls: the others wait in the queue without attempting.
+	for i := 1; i < n; i++ {
+		assert.Empty(t, locks[i].attempts(), "caller %d attempted before its turn", i)
+	}
+	srv.release("outsider")
+	for i := range n {
+		if i+1 < n {
+			// The successor's attempt starts while this caller still
+			// holds the lock: the turn was handed on early.
+			b := <-locks[i+1].attempting
+			assert.NotNil(t, b.prevEnd, "the turn carries the holder's end")
+			srv.mu.Lock()
+			assert.Equal(t, locks[i].name, srv.holder, "handed on before the lock ended")
+			srv.mu.Unlock()
+		}
+		close(locks[i].commit)
+		r := <-done[i]
+		require.NoError(t, r.err)
+		assert.True(t, r.acquired)
+	}
+	assert.Equal(t, []string{"outsider", "a", "b", "c", "d", "e"}, srv.grants(), "FIFO")
+	for i := 1; i < n; i++ {
+		assert.Len(t, locks[i].attempts(), 1, "caller %d is granted on its first attempt", i)
+	}
+	assert.Zero(t, QueueRefs())
+	assert.Empty(t, queues.m, "queues are removed when empty")
+}
+
+// A caller that gives up while queued leaves the queue, and one that gives
+// up holding the turn passes it on, with the end of the transaction that
+// the turn carries: the next caller still waits for it.
+func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	c := testConfig(t, nil, WithRetry(ConstantBackoff{Interval: time.Millisecond}), WithTimeout(time.Minute))
+	handle := new(int)
+	a := &fakeLock{name: "a", srv: srv, isPooled: true, finishFn: make(chan struct{}), commit: make(chan struct{})}
+	b := &fakeLock{name: "b", srv: srv, isPooled: true, attempting: make(chan bound, 10)}
+	q := &fakeLock{name: "quitter", srv: srv, isPooled: true}
+	cc := &fakeLock{name: "c", srv: srv, isPooled: true, attempting: make(chan bound, 10)}
+
+	doneA := start(context.Background(), c, a, newTicket(handle, false))
+	eventually(t, func() bool { return QueueRefs() == 1 }, "a queues")
+	ctxQ, cancelQ := context.WithCancel(context.Background())
+	doneQ := start(ctxQ, c, q, newTicket(handle, false))
+	eventually(t, func() bool { return QueueRefs() == 2 }, "quitter queues")
+	ctxB, cancelB := context.WithCancel(context.Background())
+	doneB := start(ctxB, c, b, newTicket(handle, false))
+	eventually(t, func() bool { return QueueRefs() == 3 }, "b queues")
+	doneC := start(context.Background(), c, cc, newTicket(handle, false))
+	eventually(t, func() bool { return QueueRefs() == 4 }, "c queues")
+
+	// Giving up while queued: the quitter leaves, without an attempt.
+	cancelQ()
+	r := <-doneQ
+	var te *LockTimeoutError
+	require.ErrorAs(t, r.err, &te)
+	assert.ErrorIs(t, r.err, context.Canceled)
+	assert.Zero(t, te.Attempts)
+	assert.Empty(t, q.attempts())
+	eventually(t, func() bool { return QueueRefs() == 3 }, "the quitter left")
+
+	// a is granted; when its fn returns, b is handed the turn and waits
+	// for a's end in its attempt. b gives up there.
+	srv.release("outsider")
+	close(a.finishFn)
+	gotB := <-b.attempting
+	require.NotNil(t, gotB.prevEnd)
+	cancelB()
+	r = <-doneB
+	require.ErrorIs(t, r.err, ErrLockTimeout)
+	assert.ErrorIs(t, r.err, context.Canceled)
+
+	// c gets the turn with the same end, and waits for it too.
+	gotC := <-cc.attempting
+	assert.Equal(t, gotB.prevEnd, gotC.prevEnd, "the end of a's transaction is passed on with the turn")
+	select {
+	case <-doneC:
+		t.Fatal("c finished before a's transaction ended")
+	default:
+	}
+	close(a.commit)
+	require.NoError(t, (<-doneA).err)
+	r = <-doneC
+	require.NoError(t, r.err)
+	assert.True(t, r.acquired)
+	assert.Len(t, cc.attempts(), 1, "c is granted on its first attempt")
+	assert.Equal(t, []string{"outsider", "a", "c"}, srv.grants())
+	assert.Zero(t, QueueRefs())
+}
+
+// A context cancelled while the loop sleeps between attempts ends the wait
+// at once, however long the sleep was to be.
+func TestWaitCancelMidSleep(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	c := testConfig(t, nil, WithRetry(ConstantBackoff{Interval: time.Hour}), WithTimeout(2*time.Hour))
+	a := &fakeLock{name: "a", srv: srv, attempting: make(chan bound, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := start(ctx, c, a, nil)
+	<-a.attempting
+	began := time.Now()
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the wait did not end when its context was cancelled")
+	}
+	t.Logf("returned %v after the cancel", time.Since(began))
+	var te *LockTimeoutError
+	require.ErrorAs(t, r.err, &te)
+	assert.ErrorIs(t, r.err, context.Canceled)
+	assert.Equal(t, 1, te.Attempts)
+	assert.False(t, r.acquired)
+}
+
+// The deadline ends the wait at exactly the timeout, with every attempt
+// that fitted before it counted.
+func TestWaitDeadlineAttempts(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		opts     []Option
+		attempts int
+		waited   time.Duration
+	}{
+		// Attempts at 0, 10, 20, 30 and 40 ms; the next sleep would cross
+		// the deadline, so the wait sleeps to it and gives up.
+		{"constant", []Option{WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithTimeout(45 * time.Millisecond)}, 5, 45 * time.Millisecond},
+		// Linear: sleeps of 10, 20, 30 ms, attempts at 0, 10, 30, 60 ms.
+		{"linear", []Option{WithRetry(LinearBackoff{Step: 10 * time.Millisecond, Max: time.Second}), WithTimeout(100 * time.Millisecond)}, 4, 100 * time.Millisecond},
+		{"no retry", []Option{WithRetry(NoRetry), WithTimeout(time.Second)}, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := &fakeServer{}
+			require.True(t, srv.take("outsider"))
+			clk := newFakeClock()
+			c := testConfig(t, clk, tc.opts...)
+			a := &fakeLock{name: "a", srv: srv}
+			ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+			assert.False(t, ok)
+			var te *LockTimeoutError
+			require.ErrorAs(t, err, &te)
+			assert.Nil(t, te.Err, "the timeout option ran out, not the context")
+			assert.Equal(t, tc.attempts, te.Attempts)
+			assert.Equal(t, tc.waited, te.Waited)
+			assert.Len(t, a.attempts(), tc.attempts)
+		})
+	}
+}
+
+// An attempt that fails with a context error after the deadline is a
+// timeout; any other error is returned as it is, deadline or not.
+func TestWaitAttemptErrors(t *testing.T) {
+	clk := newFakeClock()
+	c := testConfig(t, clk, WithTimeout(time.Second))
+	boom := errors.New("connection refused")
+	for _, tc := range []struct {
+		name    string
+		err     error
+		timeout bool
+	}{
+		{"context error at the deadline", context.DeadlineExceeded, true},
+		{"other error at the deadline", boom, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := attempterFunc(func(context.Context, bound) (outcome, error) {
+				clk.advance(time.Second)
+				return busy, tc.err
+			})
+			lease := Lease{Keys: testKeys}
+			err := c.wait(context.Background(), &lease, a, nil)
+			assert.Equal(t, tc.timeout, errors.Is(err, ErrLockTimeout), "%v", err)
+			if !tc.timeout {
+				assert.ErrorIs(t, err, tc.err)
+			}
+		})
+	}
+}
+
+type attempterFunc func(context.Context, bound) (outcome, error)
+
+func (f attempterFunc) attempt(ctx context.Context, b bound) (outcome, error) { return f(ctx, b) }
+
+// A try makes one attempt, never queues, never waits in the server, and
+// reports a busy lock as not acquired; with its context already ended it
+// makes none.
+func TestWaitTryOnce(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	c := testConfig(t, newFakeClock(), WithServerWait(ServerWait{}))
+	c.mode = tryOnce
+	a := &fakeLock{name: "a", srv: srv}
+	ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+	require.NoError(t, err)
+	assert.False(t, ok)
+	require.Len(t, a.attempts(), 1)
+	assert.Zero(t, a.attempts()[0].window, "a try never waits in the server")
+	assert.Zero(t, QueueRefs())
+
+	srv.release("outsider")
+	ok, err = run(context.Background(), c, a, testKeys, nil, &lockState{})
+	require.NoError(t, err)
+	assert.True(t, ok)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ok, err = run(ctx, c, a, testKeys, nil, &lockState{})
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, ErrLockTimeout)
+	assert.ErrorContains(t, err, "not attempted")
+	assert.Len(t, a.attempts(), 2, "no attempt with an ended context")
+}
+
+// ServerWait: a call queues before its first attempt, even alone; each
+// attempt waits in the server for its window, never past the deadline; the
+// Pause spaces the windows; and the next caller's wait starts as soon as
+// the holder's fn returns, carrying no end to wait for.
+func TestWaitServerWaitQueueing(t *testing.T) {
+	t.Run("windows", func(t *testing.T) {
+		srv := &fakeServer{}
+		require.True(t, srv.take("outsider"))
+		clk := newFakeClock()
+		c := testConfig(t, clk, WithServerWait(ServerWait{}), WithTimeout(250*time.Millisecond))
+		var refs []int
+		a := attempterFunc(func(_ context.Context, b bound) (outcome, error) {
+			refs = append(refs, QueueRefs())
+			clk.advance(b.window)
+			return busy, nil
+		})
+		lease := Lease{Keys: testKeys}
+		rec := &recordingAttempter{a: a}
+		tk := newTicket(new(int), true)
+		err := c.wait(context.Background(), &lease, rec, tk)
+		tk.leave()
+		var te *LockTimeoutError
+		require.ErrorAs(t, err, &te)
+		assert.Equal(t, 2, te.Attempts)
+		assert.Equal(t, []time.Duration{DefaultServerWaitWindow, 50 * time.Millisecond}, rec.windows,
+			"the last window ends at the deadline")
+		assert.Equal(t, []int{1, 1}, refs, "the call is queued from its first attempt")
+	})
+
+	t.Run("handoff", func(t *testing.T) {
+		srv := &fakeServer{}
+		c := testConfig(t, newFakeClock(), WithServerWait(ServerWait{Window: 20 * time.Millisecond}), WithTimeout(time.Minute))
+		handle := new(int)
+		a := &fakeLock{name: "a", srv: srv, isPooled: true, inFn: make(chan struct{}), finishFn: make(chan struct{}), commit: make(chan struct{})}
+		b := &fakeLock{name: "b", srv: srv, isPooled: true, attempting: make(chan bound, 10)}
+		doneA := start(context.Background(), c, a, newTicket(handle, true))
+		<-a.inFn
+		doneB := start(context.Background(), c, b, newTicket(handle, true))
+		eventually(t, func() bool { return QueueRefs() == 2 }, "b queues")
+		assert.Empty(t, b.attempts(), "b waits for its turn before it waits in the server")
+		close(a.finishFn)
+		got := <-b.attempting
+		assert.Nil(t, got.prevEnd, "a ServerWait turn carries no end: the server grants the lock when it ends")
+		assert.Equal(t, 20*time.Millisecond, got.window)
+		close(a.commit)
+		require.NoError(t, (<-doneA).err)
+		r := <-doneB
+		require.NoError(t, r.err)
+		assert.True(t, r.acquired)
+		assert.Equal(t, []string{"a", "b"}, srv.grants())
+	})
+
+	t.Run("not pooled", func(t *testing.T) {
+		// On a single connection the turn passes only once the holder's
+		// transaction has ended.
+		srv := &fakeServer{}
+		c := testConfig(t, newFakeClock(), WithServerWait(ServerWait{}), WithTimeout(time.Minute))
+		handle := new(int)
+		a := &fakeLock{name: "a", srv: srv, inFn: make(chan struct{}), finishFn: make(chan struct{})}
+		b := &fakeLock{name: "b", srv: srv}
+		doneA := start(context.Background(), c, a, newTicket(handle, true))
+		<-a.inFn
+		doneB := start(context.Background(), c, b, newTicket(handle, true))
+		eventually(t, func() bool { return QueueRefs() == 2 }, "b queues")
+		close(a.finishFn)
+		require.NoError(t, (<-doneA).err)
+		require.NoError(t, (<-doneB).err)
+		assert.False(t, a.handed)
+		assert.Len(t, b.attempts(), 1)
+	})
+}
+
+type recordingAttempter struct {
+	a       attempter
+	windows []time.Duration
+}
+
+func (r *recordingAttempter) attempt(ctx context.Context, b bound) (outcome, error) {
+	r.windows = append(r.windows, b.window)
+	return r.a.attempt(ctx, b)
+}
+
+// Serialization failures re-run the whole round, lock included, as many
+// times as WithSerializationRetries says, each with a fresh fn context.
+func TestRunSerializationRetries(t *testing.T) {
+	srv := &fakeServer{}
+	c := testConfig(t, newFakeClock(), WithSerializationRetries(2))
+	var rounds atomic.Int32
+	var states []*lockState
+	a := &retryLock{fakeLock: fakeLock{name: "a", srv: srv}, fail: func(st *lockState) error {
+		rounds.Add(1)
+		states = append(states, st)
+		return sqlStateError("40001")
+	}}
+	ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+	assert.True(t, ok)
+	assert.Equal(t, "40001", SQLState(err))
+	assert.Equal(t, int32(3), rounds.Load(), "one round and two retries")
+	assert.Len(t, a.attempts(), 3, "each round takes the lock again")
+	assert.NotSame(t, states[0], states[1], "each round has its own fn context")
+}
+
+type retryLock struct {
+	fakeLock
+	fail func(*lockState) error
+}
+
+func (r *retryLock) hold(st *lockState, handOn func()) error {
+	err := r.fail(st)
+	r.srv.release(r.name)
+	return err
+}
+
+type sqlStateError string
+
+func (e sqlStateError) Error() string    { return "sqlstate " + string(e) }
+func (e sqlStateError) SQLState() string { return string(e) }
