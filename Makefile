@@ -1,13 +1,15 @@
 # The test command CI runs: formatting, vet, and the test suites with the
 # race detector against throwaway PostgreSQL and PgBouncer servers.
 #
-# The repository holds four modules, so that what the tests and tools need
+# The repository holds seven modules, so that what the tests and tools need
 # stays out of the library's go.mod: the library at the root, the
-# reliability suite, the benchmark program, and pgdocker (a PostgreSQL in a
-# container for the tests). go.work lets go commands at the root reach all
-# four; the targets below run each module on its own go.mod, as a build
+# reliability suite, the benchmark program, pgdocker (a PostgreSQL in a
+# container for the tests), the Prometheus and OpenTelemetry adapters
+# (txlockprom, txlockotel) and the example that serves their metrics
+# (examples/observability). go.work lets go commands at the root reach all
+# seven; the targets below run each module on its own go.mod, as a build
 # outside this repository would.
-MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker
+MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability
 export GOWORK := off
 
 .PHONY: test check download tidy fuzz

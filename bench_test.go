@@ -135,3 +135,23 @@ func benchWithLock(b *testing.B, ctx context.Context, opts ...txlock.Option) {
 		require.NoError(b, txlock.WithLock(ctx, db, key, benchSelect, opts...))
 	}
 }
+
+// The cost of the lock events: with no Observer (the default, which costs
+// nothing: compare with BenchmarkWithLockUncontended of a build without
+// events) and with one that does nothing.
+func BenchmarkWithLockUncontendedNoObserver(b *testing.B) {
+	benchWithLock(b, context.Background(), txlock.WithObserver(nil))
+}
+
+func BenchmarkWithLockUncontendedNopObserver(b *testing.B) {
+	nop := txlock.ObserverFunc(func(ctx context.Context, _ txlock.Event) context.Context { return ctx })
+	benchWithLock(b, context.Background(), txlock.WithObserver(nop))
+}
+
+// The events themselves, without a database: a WithLock that is granted at
+// once, with and without an Observer.
+func BenchmarkEventsOff(b *testing.B) { txlock.BenchEvents(b, nil) }
+
+func BenchmarkEventsNop(b *testing.B) {
+	txlock.BenchEvents(b, txlock.ObserverFunc(func(ctx context.Context, _ txlock.Event) context.Context { return ctx }))
+}

@@ -47,6 +47,13 @@
 // with other key sets, are not ordered by this queue; with WithServerWait
 // the server's own queue orders them.
 //
+// # Observing locks
+//
+// An Observer is told of every lock event (see EventKind): for logs
+// (SlogObserver), metrics and traces. New returns a Locker, a database and
+// the options its calls share, such as the Observer, for a service to build
+// once; WithObserver sets or clears it for one call.
+//
 // # Keys
 //
 // A Key is one advisory lock: a bigint (Int64Key, StringKey) or a pair of

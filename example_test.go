@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
 	"os"
 	"time"
 
@@ -198,4 +199,64 @@ func ExampleFenceToken() {
 	// Output:
 	// true
 	// true
+}
+
+// A service builds one Locker at start-up, with the options every call
+// shares, here an Observer that prints each event's kind.
+func ExampleNew() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+
+	printer := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		fmt.Println(e.Kind, e.Keys[0].Name())
+		return ctx
+	})
+	locks, err := txlock.New(db, txlock.WithObserver(printer), txlock.WithTimeout(2*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = locks.WithLock(ctx, txlock.StringKey("example:new"), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `SELECT 1`)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A call's own options come after the Locker's: this one reports nothing.
+	if err := locks.WithLock(ctx, txlock.StringKey("example:quiet"), func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithObserver(nil)); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// wait_started example:new
+	// acquired example:new
+	// released example:new
+}
+
+// SlogObserver logs lock events; this handler drops the time and the
+// durations so that the output is stable.
+func ExampleSlogObserver() {
+	db := exampleDB()
+	defer db.Close()
+
+	h := slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{
+		Level: slog.LevelDebug,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Key {
+			case slog.TimeKey, "waited", "held":
+				return slog.Attr{}
+			}
+			return a
+		},
+	})
+	err := txlock.WithLock(context.Background(), db, txlock.StringKey("example:slog"), func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithObserver(txlock.SlogObserver(slog.New(h))))
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// level=DEBUG msg="txlock: wait_started" keys="\"example:slog\" bigint(-5857948528979404225)"
+	// level=DEBUG msg="txlock: acquired" keys="\"example:slog\" bigint(-5857948528979404225)" attempts=1
+	// level=DEBUG msg="txlock: released" keys="\"example:slog\" bigint(-5857948528979404225)" committed=true
 }

@@ -1,5 +1,10 @@
 package txlock
 
+import (
+	"context"
+	"testing"
+)
+
 // PgLocksOf exposes Key.pgLocks to the external tests.
 func PgLocksOf(k Key) (classid, objid uint32, objsubid int) { return k.pgLocks() }
 
@@ -27,3 +32,30 @@ func QueueRefs() int {
 	}
 	return n
 }
+
+// BenchEvents runs b.N rounds of the lock loop through an attempter that is
+// granted at once and a holder that does nothing, with o as the Observer:
+// what the events cost, without a database.
+func BenchEvents(b *testing.B, o Observer) {
+	c := &config{}
+	if err := c.init([]Option{WithObserver(o)}, false); err != nil {
+		b.Fatal(err)
+	}
+	keys := []Key{Int64Key(1)}
+	a := grantAtOnce{}
+	b.ReportAllocs()
+	for b.Loop() {
+		c.ev = events{o: o}
+		c.ev.start(context.Background())
+		if _, err := run(context.Background(), c, a, keys, nil, &lockState{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type grantAtOnce struct{}
+
+func (grantAtOnce) attempt(context.Context, bound) (outcome, error) { return granted, nil }
+func (grantAtOnce) hold(*lockState, func()) error                   { return nil }
+func (grantAtOnce) holdUnlocked(context.Context, *lockState) error  { return nil }
+func (grantAtOnce) pooled() bool                                    { return false }

@@ -148,6 +148,9 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 		st.tokens = map[string]int64{}
 	}
 	st.tokens[seq] = token
+	if st.ev != nil {
+		st.ev.report(Event{Kind: TokenIssued, Keys: st.lease.Keys, Shared: st.lease.Shared, Token: token, Sequence: seq})
+	}
 	return token, nil
 }
 
@@ -242,6 +245,10 @@ type FencedTable struct {
 	Schema      string // optional; without it, the table is found through the search_path, as in the caller's own queries
 	Name        string // required
 	FenceColumn string // DefaultFenceColumn if empty
+	// Observer, if not nil, is told of every refused write (StaleWrite).
+	// Without it, a write whose ctx is a WithLock fn's reports to that
+	// call's Observer.
+	Observer Observer
 }
 
 // Update sets the columns of set, and the fence column to token, in the rows
@@ -327,6 +334,7 @@ func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, s
 type fencedStmt struct {
 	table, fence string
 	set, where   []string
+	obs          Observer
 }
 
 func (ft FencedTable) prepare(q Querier, token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
@@ -354,7 +362,7 @@ func (ft FencedTable) prepare(q Querier, token int64, set, where []Col, needSet 
 	if len(where) == 0 {
 		return nil, fmt.Errorf("%w: fenced write on %s: no columns to match rows by (it would touch every row)", ErrInvalidArgument, table)
 	}
-	t := &fencedStmt{table: table, fence: fence}
+	t := &fencedStmt{table: table, fence: fence, obs: ft.Observer}
 	seen := map[string]string{fenceName: "is the fence column, which the write sets itself"}
 	for _, group := range []struct {
 		cols []Col
@@ -420,7 +428,24 @@ func (t *fencedStmt) run(ctx context.Context, q Querier, stmt string, args []any
 		// larger token got there first.
 		e.Current = 0
 	}
+	t.reportStale(ctx, e)
 	return 0, e
+}
+
+// reportStale tells the table's Observer, or that of the WithLock call
+// whose fn ctx is, of a refused write.
+func (t *fencedStmt) reportStale(ctx context.Context, e *StaleTokenError) {
+	ev := events{o: t.obs, ctx: ctx}
+	var keys []Key
+	if st, ok := stateFrom(ctx); ok {
+		keys = st.lease.Keys
+		if ev.o == nil && st.ev != nil {
+			ev.o = st.ev.o
+		}
+	}
+	if ev.on() {
+		ev.report(Event{Kind: StaleWrite, Keys: keys, Table: e.Table, Token: e.Token, Current: e.Current, Err: e})
+	}
 }
 
 // quoteIdent quotes name as a PostgreSQL identifier. It refuses names that

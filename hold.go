@@ -61,8 +61,16 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
 			return errors.Join(fnErr, ErrTxDone)
 		}
-		if cause := context.Cause(h.fnCtx); errors.Is(cause, ErrHoldTimeout) && !errors.Is(fnErr, ErrHoldTimeout) {
+		if errors.Is(fnErr, ErrHoldTimeout) {
+			return fnErr
+		}
+		if cause := context.Cause(h.fnCtx); errors.Is(cause, ErrHoldTimeout) {
 			return errors.Join(fnErr, cause)
+		}
+		if h.stopTie != nil && serverEndedHold(fnErr) {
+			// The server's side of the bound ended the session before the
+			// client's deadline fired.
+			return errors.Join(fnErr, ErrHoldTimeout)
 		}
 		return fnErr
 	}
@@ -85,6 +93,17 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
 	}
 	return nil
+}
+
+// serverEndedHold reports the errors by which the server ends a session for
+// WithMaxHold: idle_in_transaction_session_timeout (25P03) and, from
+// PostgreSQL 17, transaction_timeout (25P04).
+func serverEndedHold(err error) bool {
+	switch SQLState(err) {
+	case "25P03", "25P04":
+		return true
+	}
+	return false
 }
 
 // ended explains a transaction that was rolled back because its context

@@ -40,6 +40,7 @@ type Key struct {
 	v     int64 // kindInt64
 	a, b  int32 // kindPair
 	label string
+	space string // the keyspace's name, for keys of a named keyspace
 	err   error
 }
 
@@ -130,7 +131,7 @@ func (ks Keyspace) Key(name string) Key {
 	if err := checkName(ErrInvalidKey, "key name", name); err != nil {
 		return Key{err: err}
 	}
-	return Key{kind: kindPair, a: ks.ns, b: hash32(name), label: ks.prefix() + name}
+	return Key{kind: kindPair, a: ks.ns, b: hash32(name), label: ks.prefix() + name, space: ks.label}
 }
 
 // ID returns the pair key (namespace, n), for resources that already have an
@@ -142,6 +143,7 @@ func (ks Keyspace) ID(n int32) Key {
 	k := PairKey(ks.ns, n)
 	if ks.label != "" {
 		k.label = ks.prefix() + "#" + strconv.FormatInt(int64(n), 10)
+		k.space = ks.label
 	}
 	return k
 }
@@ -169,6 +171,12 @@ func (k Key) Int64() (n int64, ok bool) { return k.v, k.kind == kindInt64 }
 
 // Pair returns the two halves of a pair-space key; ok is false otherwise.
 func (k Key) Pair() (a, b int32, ok bool) { return k.a, k.b, k.kind == kindPair }
+
+// Keyspace returns the name of the keyspace the key was made in
+// (NewKeyspace(name).Key or .ID), or "" for any other key. Its values are as
+// few as the service's keyspaces, so it suits a metric label where the key
+// itself would not.
+func (k Key) Keyspace() string { return k.space }
 
 // Name returns the name the key was derived from, if any (for keyspace keys,
 // "keyspace/name").

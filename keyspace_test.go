@@ -224,3 +224,12 @@ func FuzzPgLocksRoundTrip(f *testing.F) {
 		}
 	})
 }
+
+func TestKeyKeyspace(t *testing.T) {
+	billing := txlock.NewKeyspace("billing")
+	assert.Equal(t, "billing", billing.Key("inv-7").Keyspace())
+	assert.Equal(t, "billing", billing.ID(7).Keyspace())
+	assert.Empty(t, txlock.KeyspaceID(7).ID(1).Keyspace(), "a keyspace without a name")
+	assert.Empty(t, txlock.StringKey("orders:42").Keyspace())
+	assert.Empty(t, txlock.PairKey(1, 2).Keyspace())
+}

@@ -60,6 +60,7 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 	a.one[0] = key
 	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, false)
+	c.ev.start(ctx)
 	err := c.wait(ctx, &a.lease, a, nil)
 	if errors.Is(err, errBusy) {
 		return false, nil

@@ -33,6 +33,9 @@ type config struct {
 	serverWait    *ServerWait // set by WithServerWait
 	mode          waitMode
 	clock         clock
+	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction
+	obs           Observer // set by New and WithObserver
+	ev            events   // the call's events, to obs
 	shared        bool
 	txOpts        *sql.TxOptions
 	maxHold       time.Duration
@@ -93,6 +96,12 @@ func WithServerWait(s ServerWait) Option {
 	}
 }
 
+// WithObserver sets the Observer of the call's lock events, in place of the
+// one New gave its Locker. WithObserver(nil) reports nothing.
+func WithObserver(o Observer) Option {
+	return func(c *config) { c.obs = o }
+}
+
 // WithShared takes shared (reader) locks, with
 // pg_try_advisory_xact_lock_shared: holders of a shared lock exclude
 // exclusive holders but not each other.
@@ -125,15 +134,32 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 // Client side, the context passed to fn gets that deadline, and the
 // transaction is rolled back when it passes (database/sql rolls back a
 // transaction whose context ends); the call then returns an error matching
-// ErrHoldTimeout. Server side, the lock statement sets
-// idle_in_transaction_session_timeout for the transaction (SET LOCAL
-// semantics), so a holder process that freezes between statements loses its
-// session, and with it the lock, after d; that bound does not cover a single
-// statement that runs longer than d. d must be positive; it is rounded up to
-// whole milliseconds on the server.
+// ErrHoldTimeout. Server side, the lock statement sets, for the transaction
+// only (SET LOCAL semantics):
+//   - idle_in_transaction_session_timeout to d, so that a holder process
+//     that freezes between statements loses its session, and with it the
+//     lock, d after its last statement;
+//   - on PostgreSQL 17 and later, once every lock is granted,
+//     transaction_timeout to d plus a margin (a tenth of d, at least 20ms and
+//     at most 1s), so that a holder whose statement runs past the bound, or
+//     a client frozen while its statement runs, loses them too (SQLSTATE
+//     25P04). It counts from the grant on the server, not from BEGIN, and a
+//     ServerWait wait does not count. The margin lets fn's own deadline,
+//     which starts when the grant reaches the client, pass first, so that
+//     the call still returns ErrHoldTimeout. A transaction_timeout already
+//     in force (from the server, role, database or connection) is kept if
+//     it ends earlier, and replaced by this one otherwise.
+//
+// On PostgreSQL 16 and earlier only the idle bound applies: a statement that
+// does not run under fn's context and outlasts d keeps the lock until it
+// ends. d must be positive; it is rounded up to whole milliseconds on the
+// server.
 //
 // In LockTx and TryLockTx only the server-side part applies, to the caller's
-// transaction.
+// transaction, transaction_timeout included: it counts from the grant
+// however old the transaction is, so the caller's transaction ends d plus
+// the margin after the lock is granted, whatever it is doing then. An
+// attempt that finds the lock busy sets no transaction_timeout.
 func WithMaxHold(d time.Duration) Option {
 	return func(c *config) {
 		if d <= 0 {
@@ -185,7 +211,7 @@ func WithSerializationRetries(n int) Option {
 // TryLockTx. c lives inside the call's own state, so that a call costs one
 // allocation fewer.
 func (c *config) init(opts []Option, inTx bool) error {
-	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}, clock: realClock{}}
+	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}, clock: realClock{}, inTx: inTx}
 	for _, o := range opts {
 		if o == nil {
 			c.fail("nil Option")
@@ -207,6 +233,7 @@ func (c *config) init(opts []Option, inTx bool) error {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
+	c.ev = events{o: c.obs}
 	if c.serverWait != nil {
 		if c.retrySet {
 			return fmt.Errorf("%w: WithRetry and WithServerWait cannot be combined: a ServerWait attempt waits in the server instead of sleeping (its Pause spaces the windows)", ErrInvalidArgument)

@@ -75,7 +75,8 @@ func domain(name string) shadow {
 // waitStatement, Fencer.Token, Fencer.CreateSequence and the FencedTable
 // writes, each doing what would most mislead the library: a lock function
 // grants without locking, pg_is_in_recovery says standby, set_config sets
-// nothing, comparisons say true. The key columns of the test's own fenced
+// nothing, comparisons say true, the clocks make any transaction_timeout in
+// force look as if it ends later than the hold bound. The key columns of the test's own fenced
 // table are bigint, whose = is deliberately not shadowed: a fenced write
 // compares the caller's columns with the caller's operators (see
 // FencedTable.match).
@@ -98,6 +99,8 @@ var shadows = []shadow{
 	fn("nextval(pg_catalog.regclass)", "pg_catalog.int8", "RETURN 1", "SELECT nextval('pg_catalog.pg_class'::pg_catalog.regclass)"),
 	fn("pg_current_xact_id()", "pg_catalog.xid8", "RETURN '1'", "SELECT pg_current_xact_id()"),
 	fn("pg_backend_pid()", "pg_catalog.int4", "RETURN 0", "SELECT pg_backend_pid()"),
+	fn("transaction_timestamp()", "pg_catalog.timestamptz", "RETURN 'infinity'", "SELECT transaction_timestamp()"),
+	fn("clock_timestamp()", "pg_catalog.timestamptz", "RETURN '-infinity'", "SELECT clock_timestamp()"),
 	{
 		name: "count(*)",
 		ddl: `CREATE FUNCTION %[1]s.count_step(pg_catalog.int8) RETURNS pg_catalog.int8 LANGUAGE plpgsql SET search_path = pg_catalog AS $$BEGIN %[2]s; RETURN 1000; END$$;
@@ -116,6 +119,8 @@ var shadows = []shadow{
 	op(">", "int8", "int4", "bool", "int84_gt", "true", "SELECT 1::bigint > 2::integer"),
 	op("<=", "int8", "int8", "bool", "int8_le", "true", "SELECT 2::bigint <= 1::bigint"),
 	op("||", "text", "text", "text", "text_cat", "'evil'", "SELECT 'a'::pg_catalog.text || 'b'::pg_catalog.text"),
+	op("+", "timestamptz", "interval", "timestamptz", "timestamptz_pl_interval", "'infinity'", "SELECT pg_catalog.now() + '1s'::interval"),
+	op(">", "timestamptz", "timestamptz", "bool", "timestamptz_gt", "true", "SELECT pg_catalog.now() > pg_catalog.now()"),
 	domain("int8"),
 	domain("int4"),
 	domain("text"),

@@ -132,6 +132,10 @@ type lockState struct {
 	tx    *sql.Tx  // the lock's transaction
 
 	ended atomic.Bool // fn has returned: the lock is gone, or going
+	ev    *events     // the call's events, if it has an observer
+	// obsCtx is the context the Observer returned for Acquired, if it is
+	// not the caller's own: fn's Value lookups see it first.
+	obsCtx context.Context
 
 	mu     sync.Mutex
 	tokens map[string]int64 // drawn fencing tokens, by sequence
@@ -143,10 +147,17 @@ type lockStateKey struct{}
 // walks the state's fields nor races with FenceToken.
 func (st *lockState) String() string { return "txlock.fnContext" }
 
-// Value implements context.Context: the lockState answers for its own key.
+// Value implements context.Context: the lockState answers for its own key,
+// then the context the call's Observer last returned (see Observer), then
+// the context fn runs under.
 func (st *lockState) Value(key any) any {
 	if key == (lockStateKey{}) {
 		return st
+	}
+	if st.obsCtx != nil {
+		if v := st.obsCtx.Value(key); v != nil {
+			return v
+		}
 	}
 	return st.Context.Value(key)
 }
@@ -213,6 +224,7 @@ func (cl *call) run(ctx context.Context, key Key, keys []Key, opts []Option) (ac
 		a.keys = cl.one[:]
 	}
 	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, true)
+	c.ev.start(ctx)
 	var t *ticket
 	switch {
 	case cl.try:
@@ -236,6 +248,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 	if t != nil {
 		defer t.leave()
 	}
+	ev := &c.ev
 	for round := 0; ; round++ {
 		// Each round has its own state: a context that fn kept from an
 		// earlier round keeps describing that round's lock.
@@ -244,6 +257,9 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 			st = &lockState{}
 		}
 		st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
+		if ev.on() {
+			st.ev = ev
+		}
 		if err := c.wait(ctx, &st.lease, a, t); err != nil {
 			if t != nil {
 				t.leave()
@@ -255,6 +271,9 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 			if c.failOpen && errors.As(err, &te) && te.Err == nil {
 				c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 					"keys", keysString(keys), "attempts", te.Attempts, "waited", te.Waited)
+				if ev.on() {
+					ev.emit(Event{Kind: FailedOpen, Keys: keys, Shared: c.shared, Attempts: te.Attempts, Waited: te.Waited})
+				}
 				st.lease.Held = false
 				return false, a.holdUnlocked(ctx, st)
 			}
@@ -270,18 +289,66 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 				handOn = t.handOnEarly
 			}
 		}
-		err = a.hold(st, handOn)
-		if t != nil {
-			t.leave()
+		var grantedAt time.Time
+		if ev.on() {
+			grantedAt = c.clock.now()
+			if ev.ctx != ctx {
+				st.obsCtx = ev.ctx
+			}
+		}
+		if ev.on() {
+			err = c.holdObserved(a, st, handOn, t, grantedAt)
+		} else {
+			err = a.hold(st, handOn)
+			if t != nil {
+				t.leave()
+			}
 		}
 		if round < c.serialRetries && retryable(err) {
 			if !c.clock.sleep(ctx, c.pause(round+1)) {
 				return true, err
 			}
+			if ev.on() {
+				ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lease.Attempts, Err: err})
+			}
 			continue
 		}
 		return true, err
 	}
+}
+
+// errFnPanicked is the Err of the Released event of a fn that panicked.
+var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled back")
+
+// holdObserved is a.hold followed by t.leave, for a call with an Observer:
+// it reports the lock's end, also when fn panics.
+func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticket, grantedAt time.Time) (err error) {
+	panicked := true
+	defer func() {
+		if panicked {
+			c.released(st, grantedAt, errFnPanicked)
+		}
+	}()
+	err = a.hold(st, handOn)
+	panicked = false
+	if t != nil {
+		t.leave()
+	}
+	c.released(st, grantedAt, err)
+	return err
+}
+
+// released reports the end of a held lock: HoldTimeout first if the hold
+// bound ended it.
+func (c *config) released(st *lockState, grantedAt time.Time, err error) {
+	e := Event{Keys: st.lease.Keys, Shared: st.lease.Shared, Attempts: st.lease.Attempts, Waited: st.lease.Waited,
+		Held: c.clock.now().Sub(grantedAt)}
+	if errors.Is(err, ErrHoldTimeout) {
+		e.Kind = HoldTimeout
+		c.ev.emit(e)
+	}
+	e.Kind, e.Committed, e.Err = Released, err == nil, err
+	c.ev.emit(e)
 }
 
 // canonicalKeys validates keys and returns them sorted, without duplicates.

@@ -856,19 +856,51 @@ func TestBadInput(t *testing.T) {
 func TestLockStatementShape(t *testing.T) {
 	keys := []txlock.Key{txlock.Int64Key(-9223372036854775808), txlock.PairKey(-1, 2)}
 	locks := "pg_catalog.pg_try_advisory_xact_lock_shared('-9223372036854775808'::bigint) AND pg_catalog.pg_try_advisory_xact_lock_shared('-1'::integer,'2'::integer)"
-	// The hold bound is set before any lock is tried, so that it also covers
-	// a partial grant whose rollback never arrives.
+	// The idle bound is set before any lock is tried, so that it also covers
+	// a partial grant whose rollback never arrives; transaction_timeout
+	// (the bound of 1500ms plus a tenth) only once every lock is granted,
+	// where the server has it, and only in nested CASE branches: set_config
+	// of a setting the server lacks fails the statement.
+	txTimeout := " WHEN CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NULL THEN false" +
+		" WHEN pg_catalog.current_setting('transaction_timeout', true) OPERATOR(pg_catalog.=) '0'" +
+		" THEN pg_catalog.set_config('transaction_timeout', '1650', true) IS NULL" +
+		" WHEN (pg_catalog.transaction_timestamp() OPERATOR(pg_catalog.+) CAST(pg_catalog.current_setting('transaction_timeout', true) AS interval))" +
+		" OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) CAST('1650ms' AS interval))" +
+		" THEN CASE WHEN pg_catalog.set_config('transaction_timeout', '0', true) IS NULL THEN false" +
+		" ELSE pg_catalog.set_config('transaction_timeout', '1650', true) IS NULL END ELSE false END"
 	inTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, false)
 	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
-		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0 WHEN "+
-		locks+" THEN 1 ELSE 0 END)", inTx)
+		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0"+
+		" WHEN NOT ("+locks+") THEN 0"+txTimeout+" THEN 0 ELSE 1 END)", inTx)
 	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, true)
 	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
-		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false WHEN "+
-		locks+" THEN true ELSE false END", ownTx)
-	for _, stmt := range []string{inTx, ownTx} {
+		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false"+
+		" WHEN NOT ("+locks+") THEN false"+txTimeout+" THEN false ELSE true END", ownTx)
+	// Without a hold bound, the statements set nothing.
+	plainInTx := txlock.LockStatement(keys, true, 0, false)
+	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2 WHEN "+
+		locks+" THEN 1 ELSE 0 END)", plainInTx)
+	plainOwnTx := txlock.LockStatement(keys, true, 0, true)
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
+		locks+" THEN true ELSE false END", plainOwnTx)
+	// The margin is a tenth of the bound, at least 20ms and at most 1s, and
+	// no value exceeds what the settings accept (2147483647 ms).
+	for d, want := range map[time.Duration][2]string{
+		50 * time.Millisecond: {"50", "70"},
+		time.Second:           {"1000", "1100"},
+		time.Minute:           {"60000", "61000"},
+		30 * 24 * time.Hour:   {"2147483647", "2147483647"},
+	} {
+		stmt := txlock.LockStatement(keys[:1], false, d, true)
+		assert.Contains(t, stmt, "set_config('idle_in_transaction_session_timeout', '"+want[0]+"', true)", "bound %v", d)
+		assert.Contains(t, stmt, "set_config('transaction_timeout', '"+want[1]+"', true)", "bound %v", d)
+		assert.Contains(t, stmt, "CAST('"+want[1]+"ms' AS interval)", "bound %v", d)
+	}
+	for _, stmt := range []string{inTx, ownTx, plainInTx, plainOwnTx} {
 		assert.NotContains(t, strings.ToUpper(stmt), "SET ", "never a plain SET")
+		assert.NotContains(t, stmt, "$", "no parameters")
 	}
 }
 

@@ -76,13 +76,27 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // result is a *LockTimeoutError.
 func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket) error {
 	start := c.clock.now()
+	ev := &c.ev
+	if ev.on() {
+		ev.emit(Event{Kind: WaitStarted, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx})
+	}
 	timeout := func() error {
 		lease.Waited = c.clock.now().Sub(start)
-		return &LockTimeoutError{Keys: lease.Keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
+		err := &LockTimeoutError{Keys: lease.Keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
+		if ev.on() {
+			ev.emit(Event{Kind: TimedOut, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited, Err: err})
+		}
+		return err
+	}
+	failed := func(err error) error {
+		if ev.on() {
+			ev.emit(Event{Kind: Failed, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start), Err: err})
+		}
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		if c.mode == tryOnce {
-			return fmt.Errorf("txlock: %s not attempted: %w", keysString(lease.Keys), err)
+			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lease.Keys), err))
 		}
 		return timeout()
 	}
@@ -116,17 +130,29 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 			if c.mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
 				return timeout()
 			}
-			return err
+			return failed(err)
 		}
 		lease.Attempts++
 		switch out {
 		case granted:
 			lease.Waited = c.clock.now().Sub(start)
+			if ev.on() {
+				ev.emit(Event{Kind: Acquired, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited})
+			}
 			return nil
 		case standby:
+			if ev.on() {
+				ev.emit(Event{Kind: StandbyRefused, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+			}
 			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lease.Keys))
 		}
+		if ev.on() {
+			ev.emit(Event{Kind: Busy, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+		}
 		if c.mode == tryOnce {
+			if ev.on() {
+				ev.emit(Event{Kind: Skipped, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+			}
 			return errBusy
 		}
 		d := c.pause(lease.Attempts)
