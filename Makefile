@@ -1,5 +1,8 @@
-# The test command CI runs: formatting, vet, and the test suites with the
-# race detector against throwaway PostgreSQL and PgBouncer servers.
+# The test command CI runs: the dependencies (scripts/deps.sh installs what
+# is missing, or names the command that does), formatting, vet, and the test
+# suites with the race detector against throwaway PostgreSQL and PgBouncer
+# servers; then the root package again on every other PostgreSQL version of
+# the version matrix.
 #
 # The repository holds seven modules, so that what the tests and tools need
 # stays out of the library's go.mod: the library at the root, the
@@ -12,14 +15,57 @@
 MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability
 export GOWORK := off
 
-.PHONY: test check download tidy fuzz
+DEPS := scripts/deps.sh
+# The version matrix runs the root package without the tests that need a hot
+# standby (their names say Standby): its PostgreSQL packages have no
+# pg_basebackup.
+MATRIX_SKIP := Standby
 
-test: check
-	@for m in $(MODULES); do echo "go test -race -count=1 ./... in $$m"; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+.PHONY: demo test deps check suites matrix download tidy fuzz
+# The steps of test run in the order given.
+.NOTPARALLEL:
+
+demo:
+	@$(DEPS) demo
+	go run ./examples/inventory
+
+test: deps check suites matrix
+
+deps:
+	@$(DEPS) test
 
 check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	@for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && go vet ./...) || exit 1; done
+
+# Every module, on the PostgreSQL found as the test harness finds it (named,
+# and passed on in TXLOCK_TEST_PG_BINDIR, with its major version in
+# TXLOCK_TEST_PG_MAJOR, which TestServerVersion checks).
+suites:
+	@on=; if [ -z "$$TXLOCK_TEST_DATABASE_URL" ] && bin=$$($(DEPS) bindir); then \
+		v=$$("$$bin/postgres" --version | sed -n 's/^postgres (PostgreSQL) \([0-9][0-9.]*\).*/\1/p'); \
+		export TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR="$${v%%.*}"; \
+		on=" on PostgreSQL $$v ($$bin)"; \
+	fi; \
+	for m in $(MODULES); do echo "go test -race -count=1 ./... in $$m$$on"; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+
+# The root package on each version of the matrix, with Debian's PgBouncer in
+# front. A version that is not installed is skipped, or fails when CI is set.
+# go test runs without package arguments, so that TestServerVersion's
+# "server: PostgreSQL …" line is shown.
+matrix:
+	@if [ -n "$$TXLOCK_TEST_DATABASE_URL" ]; then echo "version matrix skipped: TXLOCK_TEST_DATABASE_URL is set"; exit 0; fi; \
+	failed=; \
+	for major in $$($(DEPS) matrix); do \
+		if ! bin=$$($(DEPS) bindir $$major); then \
+			if [ -n "$$CI" ]; then echo "PostgreSQL $$major is not installed (scripts/deps.sh test installs it): failing, because CI is set"; failed="$$failed $$major"; \
+			else echo "PostgreSQL $$major is not installed (scripts/deps.sh test installs it): skipped"; fi; \
+			continue; \
+		fi; \
+		echo "go test -race -count=1 -skip '$(MATRIX_SKIP)' in . on PostgreSQL $$major ($$bin)"; \
+		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 -skip '$(MATRIX_SKIP)' || failed="$$failed $$major"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "version matrix failed on PostgreSQL$$failed"; exit 1; fi
 
 download:
 	@for m in $(MODULES); do (cd $$m && go mod download) || exit 1; done

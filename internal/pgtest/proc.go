@@ -470,7 +470,7 @@ func findPostgresBin() (string, error) {
 			return dir, nil
 		}
 	}
-	return "", fmt.Errorf("PostgreSQL server binaries (initdb, postgres) not found via pg_config, PATH or /usr/lib/postgresql/*/bin; install them or set %s", envPGBinDir)
+	return "", fmt.Errorf("PostgreSQL server binaries (initdb, postgres) not found via pg_config, PATH or /usr/lib/postgresql/*/bin; install them (on Debian: apt-get install postgresql-15; scripts/deps.sh test installs everything the tests need) or set %s", envPGBinDir)
 }
 
 func versionOf(binDir string) int {
@@ -490,9 +490,9 @@ func findPgBouncer() (string, error) {
 		return p, nil
 	}
 	for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer", "/usr/local/bin/pgbouncer", "/usr/bin/pgbouncer"} {
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("pgbouncer not found on PATH or in /usr/sbin; install it or set %s", envPgBouncerBin)
+	return "", fmt.Errorf("pgbouncer not found on PATH or in /usr/sbin; install it (on Debian: apt-get install pgbouncer; scripts/deps.sh test installs everything the tests need) or set %s", envPgBouncerBin)
 }
