@@ -60,6 +60,9 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 				return out, err
 			}
 			a.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+			if c.ev.on() {
+				a.h.grantedAt = c.clock.now()
+			}
 			return granted, nil
 		}
 	}
@@ -88,6 +91,9 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	// the driver then has no context to watch around each of fn's
 	// statements.
 	a.h = holder{tx: tx, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
+	if c.ev.on() {
+		a.h.grantedAt = c.clock.now()
+	}
 	if c.maxHold > 0 {
 		a.h.bound(c.maxHold)
 	}
@@ -140,6 +146,9 @@ func awaitEnd(ctx context.Context, end <-chan struct{}) error {
 // hold implements acquirer.
 func (a *ownTx) hold(st *lockState, handOn func()) error {
 	st.db, st.tx = a.db, a.h.tx
+	if st.ev != nil {
+		st.grantedAt = a.h.grantedAt // before the hold bound started
+	}
 	return a.h.run(a.fn, st, handOn)
 }
 

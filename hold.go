@@ -18,6 +18,8 @@ type holder struct {
 	cancel   context.CancelCauseFunc
 	stopTie  func() bool        // unties the hold bound from txCtx
 	stopHold context.CancelFunc // releases the hold bound's context
+	// grantedAt is when the lock was granted, before the hold bound began.
+	grantedAt time.Time
 }
 
 // bound gives fn's context the hold bound d, and ends the transaction when
@@ -25,7 +27,10 @@ type holder struct {
 func (h *holder) bound(d time.Duration) {
 	fnCtx, stopHold := context.WithTimeoutCause(h.txCtx, d, ErrHoldTimeout)
 	h.fnCtx, h.stopHold = fnCtx, stopHold
-	h.stopTie = context.AfterFunc(fnCtx, func() { h.cancel(context.Cause(fnCtx)) })
+	// cancel, not h.cancel: the next round's grant overwrites *h while this
+	// may still run.
+	cancel := h.cancel
+	h.stopTie = context.AfterFunc(fnCtx, func() { cancel(context.Cause(fnCtx)) })
 }
 
 // release frees what the holder's contexts hold, once fn is done.

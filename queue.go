@@ -143,13 +143,12 @@ func (t *ticket) enter(waitCtx context.Context) bool {
 // lock still held.
 func (t *ticket) handOnEarly() {
 	queues.Lock()
-	queued := len(t.q.waiting) > 0
-	queues.Unlock()
-	if !queued {
+	defer queues.Unlock()
+	if len(t.q.waiting) == 0 {
 		return
 	}
 	t.end = make(chan struct{})
-	t.passTurn(t.end)
+	t.passTurnLocked(t.end)
 }
 
 // handOn passes the turn on at once, carrying nothing: the next caller may
@@ -172,10 +171,15 @@ func (t *ticket) leave() {
 // passTurn gives the turn, with prevEnd, to the first caller waiting for it,
 // and drops the queue once nobody is in it.
 func (t *ticket) passTurn(prevEnd chan struct{}) {
-	q := t.q
-	t.q, t.prevEnd = nil, nil
 	queues.Lock()
 	defer queues.Unlock()
+	t.passTurnLocked(prevEnd)
+}
+
+// passTurnLocked is passTurn, with queues locked.
+func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
+	q := t.q
+	t.q, t.prevEnd = nil, nil
 	if len(q.waiting) == 0 {
 		q.held = false
 		delete(queues.m, t.key)

@@ -136,6 +136,9 @@ type lockState struct {
 	// obsCtx is the context the Observer returned for Acquired, if it is
 	// not the caller's own: fn's Value lookups see it first.
 	obsCtx context.Context
+	// grantedAt is when the lock was granted, for the events' Held: set
+	// only for a call with an Observer.
+	grantedAt time.Time
 
 	mu     sync.Mutex
 	tokens map[string]int64 // drawn fencing tokens, by sequence
@@ -289,15 +292,14 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 				handOn = t.handOnEarly
 			}
 		}
-		var grantedAt time.Time
 		if ev.on() {
-			grantedAt = c.clock.now()
+			st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
 			if ev.ctx != ctx {
 				st.obsCtx = ev.ctx
 			}
 		}
 		if ev.on() {
-			err = c.holdObserved(a, st, handOn, t, grantedAt)
+			err = c.holdObserved(a, st, handOn, t)
 		} else {
 			err = a.hold(st, handOn)
 			if t != nil {
@@ -322,11 +324,11 @@ var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled 
 
 // holdObserved is a.hold followed by t.leave, for a call with an Observer:
 // it reports the lock's end, also when fn panics.
-func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticket, grantedAt time.Time) (err error) {
+func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticket) (err error) {
 	panicked := true
 	defer func() {
 		if panicked {
-			c.released(st, grantedAt, errFnPanicked)
+			c.released(st, errFnPanicked)
 		}
 	}()
 	err = a.hold(st, handOn)
@@ -334,15 +336,15 @@ func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticke
 	if t != nil {
 		t.leave()
 	}
-	c.released(st, grantedAt, err)
+	c.released(st, err)
 	return err
 }
 
 // released reports the end of a held lock: HoldTimeout first if the hold
 // bound ended it.
-func (c *config) released(st *lockState, grantedAt time.Time, err error) {
+func (c *config) released(st *lockState, err error) {
 	e := Event{Keys: st.lease.Keys, Shared: st.lease.Shared, Attempts: st.lease.Attempts, Waited: st.lease.Waited,
-		Held: c.clock.now().Sub(grantedAt)}
+		Held: c.clock.now().Sub(st.grantedAt)}
 	if errors.Is(err, ErrHoldTimeout) {
 		e.Kind = HoldTimeout
 		c.ev.emit(e)

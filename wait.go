@@ -123,6 +123,12 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
 		}
 		out, err := a.attempt(ctx, b)
+		if err == nil && b.prevEnd != nil {
+			// The attempt waited for the previous holder's end before its
+			// lock statement: later attempts need not, and giving up now
+			// passes nothing on.
+			b.prevEnd, t.prevEnd = nil, nil
+		}
 		if err != nil {
 			// Only the wait's own end is a timeout: a connection error
 			// that happens to arrive after the deadline stays what it is

@@ -9,6 +9,8 @@ package txlock
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -60,6 +62,7 @@ type fakeLock struct {
 	isPooled bool
 
 	attempting chan bound // if not nil, receives the first attempt's bound as it starts
+	onBusy     func()     // if not nil, runs after each busy attempt
 	inFn       chan struct{}
 	finishFn   chan struct{} // if not nil, fn returns once it is closed
 	commit     chan struct{} // if not nil, the lock is released once it is closed
@@ -87,6 +90,9 @@ func (f *fakeLock) attempt(ctx context.Context, b bound) (outcome, error) {
 	}
 	if b.window > 0 && f.clock != nil {
 		f.clock.advance(b.window) // waited in the server for the whole window
+	}
+	if f.onBusy != nil {
+		f.onBusy()
 	}
 	return busy, nil
 }
@@ -175,6 +181,20 @@ func eventually(t *testing.T, cond func() bool, msg string) {
 	require.Eventually(t, cond, 10*time.Second, 100*time.Microsecond, msg)
 }
 
+// recv receives from ch, or fails the test if nothing arrives within 10 s
+// of real time: a lost turn must fail the test, not hang it.
+func recv[T any](t *testing.T, ch <-chan T, msg string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(10 * time.Second):
+		t.Fatalf("still waiting after 10s: %s", msg)
+	}
+	var zero T
+	return zero
+}
+
 type result struct {
 	acquired bool
 	err      error
@@ -217,14 +237,14 @@ func TestWaitQueueFIFOAndHandoff(t *testing.T) {
 		if i+1 < n {
 			// The successor's attempt starts while this caller still
 			// holds the lock: the turn was handed on early.
-			b := <-locks[i+1].attempting
+			b := recv(t, locks[i+1].attempting, "the next caller is handed its turn when fn returns")
 			assert.NotNil(t, b.prevEnd, "the turn carries the holder's end")
 			srv.mu.Lock()
 			assert.Equal(t, locks[i].name, srv.holder, "handed on before the lock ended")
 			srv.mu.Unlock()
 		}
 		close(locks[i].commit)
-		r := <-done[i]
+		r := recv(t, done[i], "the holder returns")
 		require.NoError(t, r.err)
 		assert.True(t, r.acquired)
 	}
@@ -262,7 +282,7 @@ func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
 
 	// Giving up while queued: the quitter leaves, without an attempt.
 	cancelQ()
-	r := <-doneQ
+	r := recv(t, doneQ, "the quitter returns")
 	var te *LockTimeoutError
 	require.ErrorAs(t, r.err, &te)
 	assert.ErrorIs(t, r.err, context.Canceled)
@@ -274,15 +294,15 @@ func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
 	// for a's end in its attempt. b gives up there.
 	srv.release("outsider")
 	close(a.finishFn)
-	gotB := <-b.attempting
+	gotB := recv(t, b.attempting, "b is handed the turn")
 	require.NotNil(t, gotB.prevEnd)
 	cancelB()
-	r = <-doneB
+	r = recv(t, doneB, "b returns")
 	require.ErrorIs(t, r.err, ErrLockTimeout)
 	assert.ErrorIs(t, r.err, context.Canceled)
 
 	// c gets the turn with the same end, and waits for it too.
-	gotC := <-cc.attempting
+	gotC := recv(t, cc.attempting, "c is handed the turn")
 	assert.Equal(t, gotB.prevEnd, gotC.prevEnd, "the end of a's transaction is passed on with the turn")
 	select {
 	case <-doneC:
@@ -290,8 +310,8 @@ func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
 	default:
 	}
 	close(a.commit)
-	require.NoError(t, (<-doneA).err)
-	r = <-doneC
+	require.NoError(t, recv(t, doneA, "a returns").err)
+	r = recv(t, doneC, "c returns")
 	require.NoError(t, r.err)
 	assert.True(t, r.acquired)
 	assert.Len(t, cc.attempts(), 1, "c is granted on its first attempt")
@@ -346,8 +366,9 @@ func TestWaitDeadlineAttempts(t *testing.T) {
 			require.True(t, srv.take("outsider"))
 			clk := newFakeClock()
 			c := testConfig(t, clk, tc.opts...)
-			a := &fakeLock{name: "a", srv: srv}
+			a := &deadlineGuard{fakeLock: &fakeLock{name: "a", srv: srv}, clk: clk}
 			ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+			assert.Zero(t, a.late.Load(), "an attempt started at or after the deadline")
 			assert.False(t, ok)
 			var te *LockTimeoutError
 			require.ErrorAs(t, err, &te)
@@ -357,6 +378,23 @@ func TestWaitDeadlineAttempts(t *testing.T) {
 			assert.Len(t, a.attempts(), tc.attempts)
 		})
 	}
+}
+
+// deadlineGuard is a fakeLock whose attempts, like ownTx's, are cut off by
+// the wait's deadline: one that starts at or after it fails with
+// context.DeadlineExceeded (as the deadline tie makes it), and is counted.
+type deadlineGuard struct {
+	*fakeLock
+	clk  *fakeClock
+	late atomic.Int32
+}
+
+func (g *deadlineGuard) attempt(ctx context.Context, b bound) (outcome, error) {
+	if !g.clk.now().Before(b.deadline) {
+		g.late.Add(1)
+		return busy, context.DeadlineExceeded
+	}
+	return g.fakeLock.attempt(ctx, b)
 }
 
 // An attempt that fails with a context error after the deadline is a
@@ -540,3 +578,132 @@ type sqlStateError string
 
 func (e sqlStateError) Error() string    { return "sqlstate " + string(e) }
 func (e sqlStateError) SQLState() string { return string(e) }
+
+// raceCtx is a waiter's context that has ended, and whose Done hands the
+// turn to the waiter first: the turn then arrives exactly as the context
+// ends, and enter's select finds both ready.
+type raceCtx struct {
+	context.Context // already cancelled
+	once            sync.Once
+	hand            func()
+}
+
+func (r *raceCtx) Done() <-chan struct{} {
+	r.once.Do(r.hand)
+	return r.Context.Done()
+}
+
+// A waiter whose context ends just as the turn reaches it either takes the
+// turn or passes it on, with the end of the transaction it carries: the
+// turn is never lost, and the caller behind gets it. The select between
+// the two chooses at random, so the test runs at least 100 rounds, and
+// until each way has been taken.
+func TestWaitQueueTurnAsContextEnds(t *testing.T) {
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	gaveUp, took := 0, 0
+	for i := 0; i < 100 || gaveUp == 0 || took == 0; i++ {
+		require.Less(t, i, 10000, "the select never chose one of its ways")
+		handle := new(int)
+		holder := newTicket(handle, false)
+		require.True(t, holder.enter(context.Background()))
+		end := make(chan struct{})
+		w := newTicket(handle, false)
+		next := newTicket(handle, false)
+		nextIn := make(chan bool, 1)
+		ctx := &raceCtx{Context: cancelled, hand: func() {
+			// w is queued and about to select: queue next behind it, then
+			// hand the turn on, early, as handOnEarly does.
+			go func() { nextIn <- next.enter(context.Background()) }()
+			eventually(t, func() bool { return QueueRefs() == 3 }, "next queues behind w")
+			holder.passTurn(end)
+		}}
+		if w.enter(ctx) {
+			took++
+			assert.Equal(t, end, w.prevEnd, "the turn carries the holder's end")
+			w.leave()
+		} else {
+			gaveUp++
+			assert.False(t, w.entered(), "a waiter that gave up holds no turn")
+		}
+		require.True(t, recv(t, (<-chan bool)(nextIn), "the caller behind gets the turn"))
+		assert.Equal(t, end, next.prevEnd, "the holder's end is passed on with the turn")
+		next.leave()
+		require.Zero(t, QueueRefs())
+		require.Empty(t, queues.m, "queues are removed when empty")
+	}
+	t.Logf("%d waiters took the turn, %d passed it on", took, gaveUp)
+}
+
+// A serialization retry leaves the local queue between rounds and joins it
+// again like any caller: it does not wait behind its own turn.
+func TestRunSerializationRetriesRequeue(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	c := testConfig(t, newFakeClock(), WithSerializationRetries(2), WithTimeout(time.Minute))
+	var refs []int
+	a := &retryLock{fakeLock: fakeLock{name: "a", srv: srv}, fail: func(*lockState) error {
+		refs = append(refs, QueueRefs())
+		return sqlStateError("40001")
+	}}
+	// The first attempt finds the lock busy, so the call queues (and has
+	// the turn at once); the outsider then lets go.
+	a.onBusy = sync.OnceFunc(func() { srv.release("outsider") })
+	// A guard, not a timing assertion: the rounds take microseconds.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ok, err := run(ctx, c, a, testKeys, newTicket(new(int), false), &lockState{})
+	assert.True(t, ok)
+	assert.Equal(t, "40001", SQLState(err), "%v", err)
+	assert.Equal(t, []int{1, 0, 0}, refs, "the first round holds the turn; the retries, uncontended, need none")
+	assert.Len(t, a.attempts(), 4, "a busy attempt, then one per round")
+	assert.Zero(t, QueueRefs())
+}
+
+// A caller that finds the lock busy and then gets its turn tries again at
+// once, without sleeping first: the holder of this process, if any, has
+// just let go.
+func TestWaitTurnThenAttemptAtOnce(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	clk := newFakeClock()
+	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: time.Hour}), WithTimeout(2*time.Hour))
+	a := &fakeLock{name: "a", srv: srv, onBusy: sync.OnceFunc(func() { srv.release("outsider") })}
+	tk := newTicket(new(int), false)
+	lease := Lease{Keys: testKeys}
+	err := c.wait(context.Background(), &lease, a, tk)
+	tk.leave()
+	require.NoError(t, err)
+	assert.Equal(t, 2, lease.Attempts)
+	assert.Zero(t, lease.Waited, "no sleep between the turn and the attempt")
+	assert.Zero(t, QueueRefs())
+}
+
+// WithFailOpen runs fn without the lock only after the call has left its
+// local queue: fn does not hold up the callers behind it.
+func TestWaitFailOpenLeavesQueue(t *testing.T) {
+	srv := &fakeServer{}
+	require.True(t, srv.take("outsider"))
+	clk := newFakeClock()
+	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithTimeout(50*time.Millisecond),
+		WithFailOpen(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	a := &failOpenLock{fakeLock: &fakeLock{name: "a", srv: srv}}
+	ok, err := run(context.Background(), c, a, testKeys, newTicket(new(int), false), &lockState{})
+	require.NoError(t, err)
+	assert.False(t, ok)
+	require.Equal(t, []int{0}, a.refs, "fn ran once, after the call left its queue")
+	assert.False(t, a.held)
+	assert.Zero(t, QueueRefs())
+}
+
+type failOpenLock struct {
+	*fakeLock
+	refs []int
+	held bool
+}
+
+func (f *failOpenLock) holdUnlocked(_ context.Context, st *lockState) error {
+	f.refs = append(f.refs, QueueRefs())
+	f.held = st.lease.Held
+	return nil
+}
