@@ -44,10 +44,12 @@ func BenchEvents(b *testing.B, o Observer) {
 	keys := []Key{Int64Key(1)}
 	a := grantAtOnce{}
 	b.ReportAllocs()
+	st := &lockState{}
 	for b.Loop() {
 		c.ev = events{o: o}
 		c.ev.start(context.Background())
-		if _, err := run(context.Background(), c, a, keys, nil, &lockState{}); err != nil {
+		*st = lockState{}
+		if _, err := run(context.Background(), c, a, keys, nil, st); err != nil {
 			b.Fatal(err)
 		}
 	}
