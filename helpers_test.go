@@ -1,21 +1,17 @@
 package txlock_test
 
 import (
-	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
-	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -25,21 +21,6 @@ func TestMain(m *testing.M) {
 		os.Exit(fenceChild())
 	}
 	os.Exit(pgtest.Main(m))
-}
-
-// open opens url and registers checks that run when the test ends: the pool
-// has no connection in use, and the server holds no advisory lock.
-func open(t testing.TB, url string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("pgx", url)
-	require.NoError(t, err)
-	db.SetMaxOpenConns(50)
-	t.Cleanup(func() {
-		require.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond,
-			"connections still in use: %+v", db.Stats())
-		require.NoError(t, db.Close())
-	})
-	return db
 }
 
 // direct returns a pool on the test PostgreSQL, checking after the test that
@@ -63,6 +44,17 @@ func bouncer(t testing.TB, mode string) (*sql.DB, string) {
 	return open(t, url), admin
 }
 
+// The helpers shared with the adapter modules' tests.
+var (
+	uniq     = locktest.Uniq
+	lockArgs = locktest.LockArgs
+	hold     = locktest.Hold
+)
+
+// open opens url and registers checks that run when the test ends: the pool
+// has no connection in use.
+func open(t testing.TB, url string) *sql.DB { return locktest.Open(t, url, 50) }
+
 func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
 	t.Helper()
 	var n int
@@ -71,48 +63,6 @@ func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
 		return err == nil && n == 0
 	}, 5*time.Second, 10*time.Millisecond, "advisory locks left on the server: %d", n)
-}
-
-// uniq returns a string unique to this test run.
-func uniq(t testing.TB) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return t.Name() + "/" + hex.EncodeToString(b[:])
-}
-
-// lockArgs renders k as advisory lock function arguments, from the key's
-// own Int64 or Pair but independently of the package's rendering. The
-// literals are quoted: -9223372036854775808::int8 is the negation of a
-// bigint that does not fit, and fails, as does -2147483648::int4.
-func lockArgs(k txlock.Key) string {
-	if n, ok := k.Int64(); ok {
-		return fmt.Sprintf("'%d'::int8", n)
-	}
-	a, b, _ := k.Pair()
-	return fmt.Sprintf("'%d'::int4, '%d'::int4", a, b)
-}
-
-// hold takes k on its own connection of db, with the blocking
-// pg_advisory_xact_lock (shared if asked), and returns the function that
-// releases it.
-func hold(t testing.TB, db *sql.DB, k txlock.Key, shared bool) (release func()) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	require.NoError(t, err)
-	fn := "pg_advisory_xact_lock"
-	if shared {
-		fn += "_shared"
-	}
-	_, err = tx.ExecContext(ctx, "SELECT "+fn+"("+lockArgs(k)+")")
-	require.NoError(t, err)
-	// release may run on a timer's goroutine, and again at cleanup.
-	var once sync.Once
-	release = func() {
-		once.Do(func() { assert.NoError(t, tx.Rollback()) })
-	}
-	t.Cleanup(release)
-	return release
 }
 
 // heldBy reports whether some backend holds k (granted) on the server.

@@ -1,0 +1,78 @@
+// Package locktest holds the helpers that the test suites of the library
+// and its adapter modules share: a pool that checks it leaks no connection,
+// names unique to a test, and a key held from another connection.
+package locktest
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the driver the tests use
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+)
+
+// Open opens a pool of at most maxOpen connections on url, and checks when
+// the test ends that none of them is left in use.
+func Open(t testing.TB, url string, maxOpen int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	require.NoError(t, err)
+	db.SetMaxOpenConns(maxOpen)
+	t.Cleanup(func() {
+		require.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond,
+			"connections still in use: %+v", db.Stats())
+		require.NoError(t, db.Close())
+	})
+	return db
+}
+
+// Uniq returns a string unique to this test run.
+func Uniq(t testing.TB) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return t.Name() + "/" + hex.EncodeToString(b[:])
+}
+
+// LockArgs renders k as advisory lock function arguments, from the key's
+// own Int64 or Pair but independently of the package's rendering. The
+// literals are quoted: -9223372036854775808::int8 is the negation of a
+// bigint that does not fit, and fails, as does -2147483648::int4.
+func LockArgs(k txlock.Key) string {
+	if n, ok := k.Int64(); ok {
+		return fmt.Sprintf("'%d'::int8", n)
+	}
+	a, b, _ := k.Pair()
+	return fmt.Sprintf("'%d'::int4, '%d'::int4", a, b)
+}
+
+// Hold takes k on its own connection of db, with the blocking
+// pg_advisory_xact_lock (shared if asked), and returns the function that
+// releases it, which the test's cleanup also runs.
+func Hold(t testing.TB, db *sql.DB, k txlock.Key, shared bool) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	fn := "pg_advisory_xact_lock"
+	if shared {
+		fn += "_shared"
+	}
+	_, err = tx.ExecContext(ctx, "SELECT "+fn+"("+LockArgs(k)+")")
+	require.NoError(t, err)
+	// release may run on a timer's goroutine, and again at cleanup.
+	var once sync.Once
+	release = func() {
+		once.Do(func() { assert.NoError(t, tx.Rollback()) })
+	}
+	t.Cleanup(release)
+	return release
+}
