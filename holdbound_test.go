@@ -115,6 +115,23 @@ func lostAfter(t testing.TB, g <-chan grabbed, since time.Time) time.Duration {
 // bound, and well before the statement would have ended); on an older one,
 // only when the statement ended, since the idle bound does not cover a
 // running statement.
+// assertLongStatementLoses runs a statement longer than the bound in tx,
+// which holds key since granted, and checks that the lock is lost to
+// another connection of db at the bound on 17+ (the statement then fails
+// with 25P04) and only when the statement ends before 17.
+func assertLongStatementLoses(t testing.TB, v int, db *sql.DB, tx *sql.Tx, key txlock.Key, granted time.Time) {
+	t.Helper()
+	got := grab(db, key)
+	_, stmtErr := tx.ExecContext(context.Background(), longSleep)
+	_ = tx.Rollback() // where the statement ran to its end, at once rather than after the idle bound
+	assertLost(t, v, lostAfter(t, got, granted))
+	if hasTxTimeout(v) {
+		assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
+	} else {
+		assert.NoError(t, stmtErr)
+	}
+}
+
 func assertLost(t testing.TB, v int, lost time.Duration) {
 	t.Helper()
 	t.Logf("server %d: another connection got the lock %v after the grant", v, lost.Round(time.Millisecond))
@@ -192,15 +209,7 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "the lock statement grants a free lock")
 		assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
-		got := grab(db, key)
-		_, stmtErr := tx.ExecContext(context.Background(), longSleep)
-		_ = tx.Rollback() // where the statement ran to its end, at once rather than after the idle bound
-		assertLost(t, v, lostAfter(t, got, granted))
-		if hasTxTimeout(v) {
-			assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
-		} else {
-			assert.NoError(t, stmtErr)
-		}
+		assertLongStatementLoses(t, v, db, tx, key, granted)
 	})
 
 	t.Run("ServerWait wait longer than the bound", func(t *testing.T) {
@@ -255,15 +264,7 @@ func TestMaxHoldLockTx(t *testing.T) {
 			var one int
 			require.NoError(t, tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one), "the caller's transaction outlived the grant")
 			assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
-			got := grab(db, key)
-			_, stmtErr := tx.ExecContext(context.Background(), longSleep)
-			_ = tx.Rollback() // where the statement ran to its end, at once rather than after the idle bound
-			assertLost(t, v, lostAfter(t, got, granted))
-			if hasTxTimeout(v) {
-				assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
-			} else {
-				assert.NoError(t, stmtErr)
-			}
+			assertLongStatementLoses(t, v, db, tx, key, granted)
 		})
 	}
 

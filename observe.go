@@ -135,6 +135,23 @@ type Event struct {
 	Current  int64  // StaleWrite: the token the row holds; 0 if unknown
 }
 
+// Keyspace returns the name of the keyspace all of e's keys were made in
+// (Key.Keyspace), "" when none of them was made in a named one or e has no
+// keys, and mixed true when they come from more than one: a value as
+// bounded as a service's keyspaces, for a metric label.
+func (e Event) Keyspace() (name string, mixed bool) {
+	if len(e.Keys) == 0 {
+		return "", false
+	}
+	name = e.Keys[0].Keyspace()
+	for _, k := range e.Keys[1:] {
+		if k.Keyspace() != name {
+			return "", true
+		}
+	}
+	return name, false
+}
+
 // events emits one call's events to its observer, threading the context
 // each observation returns. The zero events emits nothing, at no cost.
 type events struct {

@@ -345,3 +345,23 @@ level=WARN msg="txlock: stale_write" table="\"stock\"" token=41 current=42
 	quiet.Observe(ctx, Event{Kind: Acquired, Keys: keys})
 	assert.Empty(t, buf.String())
 }
+
+func TestEventKeyspace(t *testing.T) {
+	billing, orders := NewKeyspace("billing"), NewKeyspace("orders")
+	for _, tc := range []struct {
+		keys  []Key
+		name  string
+		mixed bool
+	}{
+		{nil, "", false},
+		{[]Key{billing.Key("a")}, "billing", false},
+		{[]Key{billing.Key("a"), billing.ID(7)}, "billing", false},
+		{[]Key{billing.Key("a"), orders.Key("a")}, "", true},
+		{[]Key{StringKey("a"), billing.Key("a")}, "", true},
+		{[]Key{StringKey("a"), KeyspaceID(3).ID(1)}, "", false},
+	} {
+		name, mixed := Event{Keys: tc.keys}.Keyspace()
+		assert.Equal(t, tc.name, name, "%v", tc.keys)
+		assert.Equal(t, tc.mixed, mixed, "%v", tc.keys)
+	}
+}

@@ -391,21 +391,17 @@ func (o *Observer) start(ctx context.Context, name string, hold bool, e txlock.E
 	return context.WithValue(ctx, ctxKey{o, hold}, &spanState{span: span, parent: parent})
 }
 
-// KeyspaceLabel returns the txlock.keyspace of a call on keys: the name of
-// the keyspace they were all made in, NoKeyspace if none of them was made
-// in one (or there are no keys), and MixedKeyspaces otherwise.
+// KeyspaceLabel returns the txlock.keyspace of a call on keys: the name of the
+// keyspace they were all made in, NoKeyspace if none of them was made in one
+// (or there are no keys), and MixedKeyspaces otherwise (see
+// txlock.Event.Keyspace).
 func KeyspaceLabel(keys []txlock.Key) string {
-	if len(keys) == 0 {
+	switch name, mixed := (txlock.Event{Keys: keys}).Keyspace(); {
+	case mixed:
+		return MixedKeyspaces
+	case name == "":
 		return NoKeyspace
+	default:
+		return name
 	}
-	ks := keys[0].Keyspace()
-	for _, k := range keys[1:] {
-		if k.Keyspace() != ks {
-			return MixedKeyspaces
-		}
-	}
-	if ks == "" {
-		return NoKeyspace
-	}
-	return ks
 }

@@ -150,7 +150,8 @@ func TestInventory(t *testing.T) {
 func TestInterrupt(t *testing.T) {
 	exampletest.UseTestServers(t)
 	if os.Getenv("DATABASE_URL") != "" {
-		t.Skip("TXLOCK_TEST_DATABASE_URL is set: the program starts no servers of its own to tear down")
+		// Skips, or fails under CI: the teardown is then not tested.
+		pgtest.Unavailable(t, "TXLOCK_TEST_DATABASE_URL is set: the program starts no servers of its own, so their teardown cannot be tested")
 	}
 	bin := exampletest.Build(t)
 
