@@ -95,36 +95,30 @@ type grabbed struct {
 	err error
 }
 
-// lostAfter waits for g and returns how long after since another connection
-// got the lock.
-func lostAfter(t testing.TB, g <-chan grabbed, since time.Time) time.Duration {
+// lostAt waits for g and returns when another connection got the lock.
+func lostAt(t testing.TB, g <-chan grabbed) time.Time {
 	t.Helper()
 	select {
 	case r := <-g:
 		require.NoError(t, r.err, "another connection waiting for the lock")
-		return r.at.Sub(since)
+		return r.at
 	case <-time.After(15 * time.Second):
 		t.Fatal("another connection did not get the lock within 15s")
-		return 0
+		return time.Time{}
 	}
 }
 
-// assertLost asserts when another connection got a lock that was granted
-// at the grant and then held by one statement of sleepFor: on a server with
-// transaction_timeout, at about the bound plus its margin (never before the
-// bound, and well before the statement would have ended); on an older one,
-// only when the statement ended, since the idle bound does not cover a
-// running statement.
 // assertLongStatementLoses runs a statement longer than the bound in tx,
-// which holds key since granted, and checks that the lock is lost to
-// another connection of db at the bound on 17+ (the statement then fails
-// with 25P04) and only when the statement ends before 17.
-func assertLongStatementLoses(t testing.TB, v int, db *sql.DB, tx *sql.Tx, key txlock.Key, granted time.Time) {
+// which holds key since a grant between sent and granted (see assertLost),
+// and checks that the lock is lost to another connection of db at the
+// bound on 17+ (the statement then fails with 25P04) and only when the
+// statement ends before 17.
+func assertLongStatementLoses(t testing.TB, v int, db *sql.DB, tx *sql.Tx, key txlock.Key, sent, granted time.Time) {
 	t.Helper()
 	got := grab(db, key)
 	_, stmtErr := tx.ExecContext(context.Background(), longSleep)
 	_ = tx.Rollback() // where the statement ran to its end, at once rather than after the idle bound
-	assertLost(t, v, lostAfter(t, got, granted))
+	assertLost(t, v, sent, granted, lostAt(t, got))
 	if hasTxTimeout(v) {
 		assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
 	} else {
@@ -132,14 +126,26 @@ func assertLongStatementLoses(t testing.TB, v int, db *sql.DB, tx *sql.Tx, key t
 	}
 }
 
-func assertLost(t testing.TB, v int, lost time.Duration) {
+// assertLost asserts when another connection got (at lost) a lock that was
+// granted and then held by one statement of sleepFor: on a server with
+// transaction_timeout, at about the bound plus its margin (never before the
+// bound, and well before the statement would have ended); on an older one,
+// only when the statement ended, since the idle bound does not cover a
+// running statement. The server granted the lock, and started the bound's
+// timer, after sent (when the lock statement was sent, or the holder before
+// it let go) and before granted (when the client saw the grant): the lower
+// bound counts from sent and the upper bounds from granted, so that a pause
+// of the client between the two moves neither. The statement starts after
+// granted, so a lock held to its end is lost at least sleepFor after it.
+func assertLost(t testing.TB, v int, sent, granted, lost time.Time) {
 	t.Helper()
-	t.Logf("server %d: another connection got the lock %v after the grant", v, lost.Round(time.Millisecond))
+	t.Logf("server %d: another connection got the lock %v after the grant (%v after the lock statement was sent)",
+		v, lost.Sub(granted).Round(time.Millisecond), lost.Sub(sent).Round(time.Millisecond))
 	if hasTxTimeout(v) {
-		assert.GreaterOrEqual(t, lost, holdBound, "the lock was lost before the bound")
-		assert.Less(t, lost, sleepFor-300*time.Millisecond, "transaction_timeout did not end the statement that ran past the bound")
+		assert.GreaterOrEqual(t, lost.Sub(sent), holdBound, "the lock was lost before the bound")
+		assert.Less(t, lost.Sub(granted), sleepFor-100*time.Millisecond, "transaction_timeout did not end the statement that ran past the bound")
 	} else {
-		assert.GreaterOrEqual(t, lost, sleepFor-100*time.Millisecond, "without transaction_timeout the holder keeps the lock to the statement's end")
+		assert.GreaterOrEqual(t, lost.Sub(granted), sleepFor-100*time.Millisecond, "without transaction_timeout the holder keeps the lock to the statement's end")
 	}
 }
 
@@ -162,6 +168,7 @@ func TestMaxHoldLongStatement(t *testing.T) {
 			var granted time.Time
 			var got <-chan grabbed
 			var stmtErr error
+			sent := time.Now() // the key is free: granted at the first attempt
 			err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 				granted = time.Now()
 				assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
@@ -170,7 +177,7 @@ func TestMaxHoldLongStatement(t *testing.T) {
 				return stmtErr
 			}, txlock.WithMaxHold(holdBound))
 			require.False(t, granted.IsZero(), "fn did not run: %v", err)
-			assertLost(t, v, lostAfter(t, got, granted))
+			assertLost(t, v, sent, granted, lostAt(t, got))
 			assert.ErrorIs(t, err, txlock.ErrHoldTimeout, "the hold bound ended the transaction")
 			if hasTxTimeout(v) {
 				assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "the statement was ended by transaction_timeout: %v", stmtErr)
@@ -202,6 +209,7 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		// the lock would be lost 0.5s after the grant.
 		_, err = tx.ExecContext(ctx, `SELECT pg_catalog.pg_sleep(0.6)`)
 		require.NoError(t, err)
+		sent := time.Now()
 		res, err := tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, true))
 		require.NoError(t, err)
 		granted := time.Now()
@@ -209,7 +217,7 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n, "the lock statement grants a free lock")
 		assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
-		assertLongStatementLoses(t, v, db, tx, key, granted)
+		assertLongStatementLoses(t, v, db, tx, key, sent, granted)
 	})
 
 	t.Run("ServerWait wait longer than the bound", func(t *testing.T) {
@@ -218,8 +226,13 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		key := txlock.StringKey(uniq(t))
 		release := hold(t, db, key, false)
 		wait := holdBound + 300*time.Millisecond
-		time.AfterFunc(wait, release)
 		start := time.Now()
+		// When the holder begins to let go: the grant comes after it.
+		releasing := make(chan time.Time, 1)
+		time.AfterFunc(wait, func() {
+			releasing <- time.Now()
+			release()
+		})
 		var granted time.Time
 		var got <-chan grabbed
 		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
@@ -232,7 +245,7 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		require.False(t, granted.IsZero(), "fn did not run: %v", err)
 		assert.GreaterOrEqual(t, granted.Sub(start), wait-50*time.Millisecond,
 			"the lock was granted before its holder released it")
-		assertLost(t, v, lostAfter(t, got, granted))
+		assertLost(t, v, <-releasing, granted, lostAt(t, got))
 		assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
 	})
 }
@@ -259,12 +272,13 @@ func TestMaxHoldLockTx(t *testing.T) {
 			// Older than the bound and its margin.
 			_, err = tx.ExecContext(ctx, `SELECT pg_catalog.pg_sleep(1.3)`)
 			require.NoError(t, err)
+			sent := time.Now()
 			require.NoError(t, txlock.LockTx(ctx, tx, key, append(mode.opts, txlock.WithMaxHold(holdBound))...))
 			granted := time.Now()
 			var one int
 			require.NoError(t, tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one), "the caller's transaction outlived the grant")
 			assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
-			assertLongStatementLoses(t, v, db, tx, key, granted)
+			assertLongStatementLoses(t, v, db, tx, key, sent, granted)
 		})
 	}
 
@@ -319,6 +333,7 @@ func TestMaxHoldBoundInForce(t *testing.T) {
 		var granted time.Time
 		var got <-chan grabbed
 		var stmtErr error
+		sent := time.Now() // the key is free: granted at the first attempt
 		err = txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 			granted = time.Now()
 			assertTxTimeout(t, ctx, tx, v, boundTxTimeout)
@@ -327,7 +342,7 @@ func TestMaxHoldBoundInForce(t *testing.T) {
 			return stmtErr
 		}, txlock.WithMaxHold(holdBound))
 		require.False(t, granted.IsZero(), "fn did not run: %v", err)
-		assertLost(t, v, lostAfter(t, got, granted))
+		assertLost(t, v, sent, granted, lostAt(t, got))
 		assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
 		assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
 
@@ -352,13 +367,18 @@ func TestMaxHoldBoundInForce(t *testing.T) {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback() }()
+		// The bound's timers start between sent and granted: the lower
+		// bound counts from the one, the upper from the other. Kept, the
+		// lock would be held for the connection's minute, past grab's 10s
+		// lock_timeout.
+		sent := time.Now()
 		_, err = tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, true))
 		require.NoError(t, err)
 		granted := time.Now()
-		lost := lostAfter(t, grab(direct(t), key), granted)
-		t.Logf("a frozen holder lost the lock %v after the grant", lost.Round(time.Millisecond))
-		assert.GreaterOrEqual(t, lost, holdBound-100*time.Millisecond)
-		assert.Less(t, lost, 2*time.Second, "the frozen holder kept the lock")
+		lost := lostAt(t, grab(direct(t), key))
+		t.Logf("a frozen holder lost the lock %v after the grant", lost.Sub(granted).Round(time.Millisecond))
+		assert.GreaterOrEqual(t, lost.Sub(sent), holdBound-100*time.Millisecond)
+		assert.Less(t, lost.Sub(granted), 3*time.Second, "the frozen holder kept the lock")
 		var one int
 		assert.Error(t, tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one), "the server ended the session")
 	})
@@ -369,17 +389,26 @@ func TestMaxHoldBoundInForce(t *testing.T) {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback() }()
+		// The caller's timer starts while set_config runs: after sent, and
+		// before set.
+		sent := time.Now()
 		_, err = tx.ExecContext(ctx, `SELECT pg_catalog.set_config('transaction_timeout', '1500ms', true)`)
 		require.NoError(t, err)
 		set := time.Now()
 		require.NoError(t, txlock.LockTx(ctx, tx, key, txlock.WithMaxHold(5*time.Second)))
 		assertTxTimeout(t, ctx, tx, v, "1500ms")
 		got := grab(db, key)
-		_, stmtErr := tx.ExecContext(context.Background(), longSleep)
-		lost := lostAfter(t, got, set)
-		t.Logf("the caller's bound of 1.5s ended the transaction %v after it was set", lost.Round(time.Millisecond))
-		assert.GreaterOrEqual(t, lost, 1500*time.Millisecond)
-		assert.Less(t, lost, sleepFor-300*time.Millisecond, "the caller's own, shorter, bound was lost")
+		// Longer than longSleep, at no cost while the caller's bound ends
+		// it at 1.5s, so that a pause of a loaded machine does not bring
+		// the end of that bound near the statement's: had the hold bound
+		// replaced the caller's, the lock would be held to the statement's
+		// end, at least 4s after set.
+		const longer = 4 * time.Second
+		_, stmtErr := tx.ExecContext(context.Background(), `SELECT pg_catalog.pg_sleep(4)`)
+		lost := lostAt(t, got)
+		t.Logf("the caller's bound of 1.5s ended the transaction %v after it was set", lost.Sub(set).Round(time.Millisecond))
+		assert.GreaterOrEqual(t, lost.Sub(sent), 1500*time.Millisecond)
+		assert.Less(t, lost.Sub(set), longer-100*time.Millisecond, "the caller's own, shorter, bound was lost")
 		assert.Equal(t, "25P04", txlock.SQLState(stmtErr), "%v", stmtErr)
 	})
 }

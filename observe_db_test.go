@@ -132,31 +132,50 @@ func sameErr(t *testing.T, want, got error, what string) {
 // delayedRelease holds a key from another connection and lets it go d
 // after the observed call's wait began (its first WaitStarted event), so
 // that the call cannot be granted the key sooner than d after the start of
-// its wait.
+// its wait, and not before the call has reported minBusy Busy events, so
+// that a call slowed down by a loaded machine still finds the key busy as
+// often as the test expects. (Should those events never come, it lets go
+// 10s later, and the test fails on their absence.)
 type delayedRelease struct {
 	d        time.Duration
+	minBusy  int
 	release  func()
 	once     sync.Once
 	started  time.Time      // when the observer was told of WaitStarted
+	busy     int            // Busy events seen, on the observing goroutine
+	busied   chan struct{}  // closed at the minBusy-th Busy event
 	released chan time.Time // when the holder began to let go
 }
 
-func newDelayedRelease(t *testing.T, db *sql.DB, key txlock.Key, d time.Duration) *delayedRelease {
-	return &delayedRelease{d: d, release: hold(t, db, key, false), released: make(chan time.Time, 1)}
+func newDelayedRelease(t *testing.T, db *sql.DB, key txlock.Key, d time.Duration, minBusy int) *delayedRelease {
+	r := &delayedRelease{d: d, minBusy: minBusy, release: hold(t, db, key, false), busied: make(chan struct{}), released: make(chan time.Time, 1)}
+	if minBusy == 0 {
+		close(r.busied)
+	}
+	return r
 }
 
-// observe is the obsLog hook that starts the countdown.
+// observe is the obsLog hook that starts the countdown, and counts the
+// Busy events.
 func (r *delayedRelease) observe(e txlock.Event) {
-	if e.Kind != txlock.WaitStarted {
-		return
-	}
-	r.once.Do(func() {
-		r.started = time.Now()
-		time.AfterFunc(r.d, func() {
-			r.released <- time.Now()
-			r.release()
+	switch e.Kind {
+	case txlock.WaitStarted:
+		r.once.Do(func() {
+			r.started = time.Now()
+			time.AfterFunc(r.d, func() {
+				select {
+				case <-r.busied:
+				case <-time.After(10 * time.Second):
+				}
+				r.released <- time.Now()
+				r.release()
+			})
 		})
-	})
+	case txlock.Busy:
+		if r.busy++; r.busy == r.minBusy {
+			close(r.busied)
+		}
+	}
 }
 
 // kept returns how long, from the start of the wait, the holder kept the
@@ -208,7 +227,7 @@ func TestObservePolling(t *testing.T) {
 			admin := direct(t)
 			db := tc.db(t)
 			key := txlock.StringKey(uniq(t))
-			r := newDelayedRelease(t, db, key, 200*time.Millisecond)
+			r := newDelayedRelease(t, db, key, 200*time.Millisecond, 1)
 			const interval = 20 * time.Millisecond
 			const sleep = 50 * time.Millisecond
 			var heldAtAcquired, heldAtReleased int
@@ -356,7 +375,7 @@ func TestObserveServerWait(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			db := tc.db(t)
 			key := txlock.StringKey(uniq(t))
-			r := newDelayedRelease(t, db, key, holdFor)
+			r := newDelayedRelease(t, db, key, holdFor, 2)
 			log := &obsLog{on: r.observe}
 			const sleep = 20 * time.Millisecond
 			err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
@@ -368,8 +387,8 @@ func TestObserveServerWait(t *testing.T) {
 
 			evs := log.take()
 			assertKeys(t, evs, []txlock.Key{key}, false)
-			// The holder kept the key for 8 windows: at least the first two
-			// pass before it lets go, even on a slow machine.
+			// The holder kept the key for 8 windows, and until the first two
+			// had passed.
 			busy, rest := waitRound(t, evs, 2, txlock.Acquired, txlock.Released)
 			for i, e := range busy {
 				assert.GreaterOrEqual(t, e.Waited, time.Duration(i+1)*window, "busy event %d comes after %d whole windows", i+1, i+1)
@@ -450,7 +469,7 @@ func TestObserveTry(t *testing.T) {
 func TestObserveMultiKey(t *testing.T) {
 	db := direct(t)
 	a, b := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
-	r := newDelayedRelease(t, db, b, 200*time.Millisecond)
+	r := newDelayedRelease(t, db, b, 200*time.Millisecond, 1)
 	log := &obsLog{on: r.observe}
 	var lease txlock.Lease
 	err := txlock.WithLocks(context.Background(), db, []txlock.Key{b, a, b}, func(ctx context.Context, tx *sql.Tx) error {
@@ -501,7 +520,7 @@ func TestObserveLockTx(t *testing.T) {
 			} {
 				t.Run(mode.name, func(t *testing.T) {
 					key := txlock.StringKey(uniq(t))
-					r := newDelayedRelease(t, db, key, 400*time.Millisecond)
+					r := newDelayedRelease(t, db, key, 400*time.Millisecond, mode.minBusy)
 					log := &obsLog{on: r.observe}
 					tx, err := db.Begin()
 					require.NoError(t, err)
@@ -570,11 +589,13 @@ func TestObserveTimeout(t *testing.T) {
 				timedOut(t, log, key, err, 2, timeout)
 			})
 			t.Run("serverwait", func(t *testing.T) {
-				const window = 50 * time.Millisecond
-				err := txlock.WithLock(context.Background(), db, key, fn, opt, txlock.WithTimeout(timeout),
+				// A whole window, then the start of the next, must fit in
+				// the timeout: twice timeout leaves a loaded machine room.
+				const window, longer = 50 * time.Millisecond, 2 * timeout
+				err := txlock.WithLock(context.Background(), db, key, fn, opt, txlock.WithTimeout(longer),
 					txlock.WithServerWait(txlock.ServerWait{Window: window}))
 				require.ErrorIs(t, err, txlock.ErrLockTimeout)
-				busy := timedOut(t, log, key, err, 2, timeout)
+				busy := timedOut(t, log, key, err, 2, longer)
 				for i, e := range busy[:len(busy)-1] { // the last window is cut to the deadline
 					assert.GreaterOrEqual(t, e.Waited, time.Duration(i+1)*window)
 				}

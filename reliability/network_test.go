@@ -235,16 +235,17 @@ func testBlackhole(t *testing.T, target networkTarget) {
 	require.Eventually(t, func() bool {
 		p, err := checker.HeldBy(ctx, admin, key)
 		return err == nil && len(p) == 0
-	}, bound+2*time.Second, 5*time.Millisecond, "the server must release a blackholed holder's lock")
+	}, bound+3*time.Second, 5*time.Millisecond, "the server must release a blackholed holder's lock")
 	released := time.Since(start)
 	err = <-done
 	returned := time.Since(start)
 	t.Logf("blackholed holder: lock released by the server after %v, call returned after %v (%s): %v",
 		released.Round(time.Millisecond), returned.Round(time.Millisecond), checker.Classify(err), err)
 	// The server's timer starts at the victim's last statement, just before
-	// start; a second of slack covers a loaded machine's scheduling, and
-	// still fails a lock held until TCP gives up (minutes).
-	assert.LessOrEqual(t, released, bound+time.Second, "released within the hold bound")
+	// start; two seconds of slack cover a loaded machine's scheduling (a
+	// pause of a second of the server or of this process), and still fail
+	// a lock held until TCP gives up (minutes).
+	assert.LessOrEqual(t, released, bound+2*time.Second, "released within the hold bound")
 	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
 	assert.Zero(t, rowCount(t, admin, table), "the blackholed call's writes must vanish")
 	px.clear()
@@ -254,7 +255,7 @@ func testBlackhole(t *testing.T, target networkTarget) {
 	require.True(t, run.WaitFor(100, 60*time.Second), "no progress before the fault")
 	px.add("blackhole", `{}`)
 	start = time.Now()
-	if err := checker.NoAdvisoryLocks(admin, bound+time.Second); err != nil {
+	if err := checker.NoAdvisoryLocks(admin, bound+2*time.Second); err != nil { // the slack above
 		t.Fatalf("every blackholed holder must lose its lock within the bound: %v\n%s", err, checker.Holders(ctx, admin))
 	}
 	drained := time.Since(start)

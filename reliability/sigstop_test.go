@@ -63,8 +63,10 @@ func holderMain() int {
 }
 
 // TestFaultSIGSTOP freezes a holder process with SIGSTOP. The server ends
-// its session when the WithMaxHold bound passes, so the lock is free within
-// the bound plus a second, and the next holder proceeds. After SIGCONT the
+// its session when the WithMaxHold bound passes, so the lock is free at
+// about the bound (within the bound plus two seconds, which leaves a loaded
+// machine room, while a lock kept by the frozen holder is never free), and
+// the next holder proceeds. After SIGCONT the
 // frozen holder learns that it lost the lock: ErrHoldTimeout.
 func TestFaultSIGSTOP(t *testing.T) {
 	const bound = time.Second
@@ -103,15 +105,15 @@ func TestFaultSIGSTOP(t *testing.T) {
 				require.Len(t, pids, 1, "the frozen process holds the lock")
 			}
 
-			// The next holder gets the lock within the bound plus a second.
+			// The next holder gets the lock within the bound plus two seconds.
 			var waited time.Duration
 			err = txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 				waited = time.Since(stopped)
 				return nil
-			}, txlock.WithTimeout(bound+time.Second))
-			require.NoError(t, err, "the next holder did not get the lock within the bound plus a second")
+			}, txlock.WithTimeout(bound+2*time.Second))
+			require.NoError(t, err, "the next holder did not get the lock within the bound plus two seconds")
 			t.Logf("%s: lock free %v after SIGSTOP (bound %v)", path, waited.Round(time.Millisecond), bound)
-			assert.Less(t, waited, bound+time.Second)
+			assert.Less(t, waited, bound+2*time.Second)
 
 			require.NoError(t, cmd.Process.Signal(syscall.SIGCONT))
 			require.True(t, lines.Scan(), "the holder process said nothing after SIGCONT: %v", lines.Err())

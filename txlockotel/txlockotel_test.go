@@ -258,14 +258,33 @@ func TestContendedWait(t *testing.T) {
 	key := txlock.StringKey(uniq(t))
 	release := hold(t, e.db, key)
 	const heldFor = 150 * time.Millisecond
-	timer := time.AfterFunc(heldFor, release)
-	defer timer.Stop()
-	require.NoError(t, e.locker.WithLock(context.Background(), key, func(context.Context, *sql.Tx) error { return nil }))
+	// The holder lets go heldFor after the wait began (by then the adapter,
+	// told first, has started the wait span), and not before an attempt has
+	// found the key busy, however late a loaded machine makes the first.
+	sawBusy := make(chan struct{})
+	var busyOnce, startOnce sync.Once
+	countdown := txlock.ObserverFunc(func(ctx context.Context, ev txlock.Event) context.Context {
+		switch ev.Kind {
+		case txlock.WaitStarted:
+			startOnce.Do(func() {
+				time.AfterFunc(heldFor, func() {
+					select {
+					case <-sawBusy:
+					case <-time.After(10 * time.Second): // the attempt count below fails
+					}
+					release()
+				})
+			})
+		case txlock.Busy:
+			busyOnce.Do(func() { close(sawBusy) })
+		}
+		return ctx
+	})
+	require.NoError(t, e.locker.WithLock(context.Background(), key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithObserver(txlock.Observers(e.obs, countdown))))
 	e.requireAllEnded(t)
 
 	wait := e.one(t, "txlock.wait")
-	// The holder let go heldFor after the timer was set, an instant before
-	// the wait began.
 	assert.GreaterOrEqual(t, wait.EndTime().Sub(wait.StartTime()), heldFor/2,
 		"the wait span is shorter than the hold it waited for")
 	v, _ := attr(wait, "txlock.attempts")

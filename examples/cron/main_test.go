@@ -20,7 +20,10 @@ var (
 )
 
 // TestCron builds the program and runs it with three copies for three
-// ticks of 300ms, on a throwaway server it starts itself. It must exit 0
+// ticks of 1.2s, the job holding the lock for 250ms of each, on a throwaway
+// server it starts itself: the tick is the job's hold bound, far enough
+// past its hold that a pause of a loaded machine does not end a healthy
+// job, and the other copies try while the job holds the lock. It must exit 0
 // after its own check; the test then reads the copies' lines: one per copy
 // per tick, exactly one "ran" per tick, by the pid the check names, from
 // three processes other than the parent, some of them turned away busy,
@@ -28,7 +31,7 @@ var (
 func TestCron(t *testing.T) {
 	bin := exampletest.Build(t)
 	const copies, ticks = 3, 3
-	out, parent := exampletest.Run(t, bin, "", "-copies", strconv.Itoa(copies), "-ticks", strconv.Itoa(ticks), "-tick", "300ms")
+	out, parent := exampletest.Run(t, bin, "", "-copies", strconv.Itoa(copies), "-ticks", strconv.Itoa(ticks), "-tick", "1200ms", "-hold", "250ms")
 
 	if !strings.Contains(out, fmt.Sprintf("every tick ran exactly once: %d ticks, %d processes\n", ticks, copies)) {
 		t.Errorf("the program did not report every tick run exactly once")
