@@ -1,18 +1,19 @@
 # The test command CI runs: the dependencies (scripts/deps.sh installs what
 # is missing, or names the command that does), formatting, vet, and the test
 # suites with the race detector against throwaway PostgreSQL and PgBouncer
-# servers; then the root package again on every other PostgreSQL version of
-# the version matrix.
+# servers; then the root and interop packages again on every other
+# PostgreSQL version of the version matrix.
 #
-# The repository holds seven modules, so that what the tests and tools need
+# The repository holds eight modules, so that what the tests and tools need
 # stays out of the library's go.mod: the library at the root, the
 # reliability suite, the benchmark program, pgdocker (a PostgreSQL in a
 # container for the tests), the Prometheus and OpenTelemetry adapters
-# (txlockprom, txlockotel) and the example that serves their metrics
-# (examples/observability). go.work lets go commands at the root reach all
-# seven; the targets below run each module on its own go.mod, as a build
-# outside this repository would.
-MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability
+# (txlockprom, txlockotel), the example that serves their metrics
+# (examples/observability) and interopcheck (which pins interop's keys
+# against golang-migrate's own code). go.work lets go commands at the root
+# reach all eight; the targets below run each module on its own go.mod, as a
+# build outside this repository would.
+MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability internal/interopcheck
 export GOWORK := off
 
 DEPS := scripts/deps.sh
@@ -50,9 +51,10 @@ suites:
 	for m in $(MODULES); do echo "go test -race -count=1 ./... in $$m$$on"; (cd $$m && go test -race -count=1 ./...) || exit 1; done
 
 # The root package on each version of the matrix, with Debian's PgBouncer in
-# front. A version that is not installed is skipped, or fails when CI is set.
-# go test runs without package arguments, so that TestServerVersion's
-# "server: PostgreSQL …" line is shown.
+# front, then the interop package, whose Hashtext is compared with each
+# version's hashtext(). A version that is not installed is skipped, or fails
+# when CI is set. The root package's go test runs without package arguments,
+# so that TestServerVersion's "server: PostgreSQL …" line is shown.
 matrix:
 	@if [ -n "$$TXLOCK_TEST_DATABASE_URL" ]; then echo "version matrix skipped: TXLOCK_TEST_DATABASE_URL is set"; exit 0; fi; \
 	failed=; \
@@ -63,7 +65,11 @@ matrix:
 			continue; \
 		fi; \
 		echo "go test -race -count=1 -skip '$(MATRIX_SKIP)' in . on PostgreSQL $$major ($$bin)"; \
-		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 -skip '$(MATRIX_SKIP)' || failed="$$failed $$major"; \
+		ok=1; \
+		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 -skip '$(MATRIX_SKIP)' || ok=; \
+		echo "go test -race -count=1 ./interop on PostgreSQL $$major ($$bin)"; \
+		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 ./interop || ok=; \
+		[ -n "$$ok" ] || failed="$$failed $$major"; \
 	done; \
 	if [ -n "$$failed" ]; then echo "version matrix failed on PostgreSQL$$failed"; exit 1; fi
 

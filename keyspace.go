@@ -155,6 +155,18 @@ func (ks Keyspace) prefix() string {
 	return ks.label + "/"
 }
 
+// InvalidKey returns a Key that carries err, for packages that derive keys
+// of their own (as interop does) and report bad input the way this
+// package's constructors do: Err returns an error that matches both
+// ErrInvalidKey and err, and every locking function returns it before
+// touching the database. A nil err is reported as a caller's mistake.
+func InvalidKey(err error) Key {
+	if err == nil {
+		err = errors.New("InvalidKey called with a nil error")
+	}
+	return Key{err: fmt.Errorf("%w: %w", ErrInvalidKey, err)}
+}
+
 // Err reports why the key is invalid, or nil. The error matches ErrInvalidKey.
 func (k Key) Err() error {
 	if k.err != nil {

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/txlock/txlock"
+)
+
+const keyAbout = `Show the key txlock derives from NAME (txlock.StringKey), or from NAME in
+the keyspace SERVICE (txlock.NewKeyspace(SERVICE).Key(NAME)): its numbers,
+the (classid, objid, objsubid) under which pg_locks shows it, and the SQL
+that takes the same lock, by its numbers and from the name.`
+
+func keyCmd(_ context.Context, e *env, args []string) int {
+	fs := newFlags("key", "[--keyspace SERVICE] NAME...", keyAbout)
+	keyspace := fs.String("keyspace", "", "the keyspace (service name) NAME belongs to; none for a StringKey")
+	names, code, stop := parse(e, fs, args)
+	if stop {
+		return code
+	}
+	if len(names) == 0 {
+		return usageError(e, fs, "no NAME given")
+	}
+	inKeyspace := flagSet(fs, "keyspace")
+	var ks txlock.Keyspace
+	if inKeyspace {
+		ks = txlock.NewKeyspace(*keyspace)
+		if err := ks.Err(); err != nil {
+			return usageError(e, fs, "--keyspace: %v", err)
+		}
+	}
+	for i, name := range names {
+		var k txlock.Key
+		if inKeyspace {
+			k = ks.Key(name)
+		} else {
+			k = txlock.StringKey(name)
+		}
+		if err := k.Err(); err != nil {
+			return usageError(e, fs, "NAME %d: %v", i+1, err)
+		}
+		if i > 0 {
+			fmt.Fprintln(e.stdout)
+		}
+		writeKey(e.stdout, ks, inKeyspace, name, k)
+	}
+	return exitOK
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	found := false
+	fs.Visit(func(f *flag.Flag) { found = found || f.Name == name })
+	return found
+}
+
+// writeKey prints k, made from name (in ks when inKeyspace), as key shows
+// it.
+func writeKey(w io.Writer, ks txlock.Keyspace, inKeyspace bool, name string, k txlock.Key) {
+	classid, objid, objsubid := pgLocks(k)
+	var rows [][2]string
+	if inKeyspace {
+		rows = append(rows, [2]string{"keyspace", fmt.Sprintf("%s, namespace %d", ks, ks.Namespace())})
+	}
+	rows = append(rows,
+		[2]string{"key", k.String()},
+		[2]string{"pg_locks", fmt.Sprintf("classid=%d objid=%d objsubid=%d", classid, objid, objsubid)},
+		[2]string{"sql", "pg_advisory_xact_lock(" + numbers(k) + ")"},
+	)
+	if inKeyspace {
+		rows = append(rows, [2]string{"from name", "pg_advisory_xact_lock(" + hash32SQL(ks.String()) + ", " + hash32SQL(name) + ")"})
+	} else {
+		rows = append(rows, [2]string{"from name", "pg_advisory_xact_lock(" + hash64SQL(name) + ")"})
+	}
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-10s %s\n", r[0]+":", r[1])
+	}
+}
+
+// pgLocks returns the (classid, objid, objsubid) under which pg_locks shows
+// k: txlock.KeyFromPgLocks's inverse.
+func pgLocks(k txlock.Key) (classid, objid uint32, objsubid int) {
+	if a, b, ok := k.Pair(); ok {
+		return uint32(a), uint32(b), 2
+	}
+	v, _ := k.Int64()
+	return uint32(uint64(v) >> 32), uint32(v), 1
+}
+
+// numbers renders k as the arguments of an advisory lock function. The
+// smallest int4 and bigint are written as casts of strings: as numbers their
+// magnitude would not fit the type, and the negated literal would not be
+// one.
+func numbers(k txlock.Key) string {
+	if a, b, ok := k.Pair(); ok {
+		return int4SQL(a) + ", " + int4SQL(b)
+	}
+	v, _ := k.Int64()
+	if v == math.MinInt64 {
+		return "'-9223372036854775808'::bigint"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func int4SQL(n int32) string {
+	if n == math.MinInt32 {
+		return "'-2147483648'::int4"
+	}
+	return strconv.FormatInt(int64(n), 10)
+}
+
+// hash64SQL is StringKey's SQL (keyspace.go) for name.
+func hash64SQL(name string) string {
+	return "('x' || left(encode(sha256(convert_to(" + sqlLiteral(name) + ", 'UTF8')), 'hex'), 16))::bit(64)::bigint"
+}
+
+// hash32SQL is the SQL of NewKeyspace's namespace and of Keyspace.Key's
+// second half (keyspace.go) for name.
+func hash32SQL(name string) string {
+	return "('x' || left(encode(sha256(convert_to(" + sqlLiteral(name) + ", 'UTF8')), 'hex'), 8))::bit(32)::int4"
+}
+
+// sqlLiteral quotes s as an SQL string literal: '…' with each ' doubled, or,
+// if s holds a backslash, E'…' with each \ doubled too, which reads the same
+// whatever standard_conforming_strings says.
+func sqlLiteral(s string) string {
+	q := "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	if strings.Contains(s, `\`) {
+		q = "E'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", "''") + "'"
+	}
+	return q
+}

@@ -1,0 +1,174 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files of testdata/ from the command's output")
+
+// keyCases are the command lines of the golden file, each with the key the
+// library gives for it.
+var keyCases = []struct {
+	args []string
+	want []txlock.Key
+}{
+	{[]string{"orders:42"}, []txlock.Key{txlock.StringKey("orders:42")}},
+	{[]string{"--keyspace", "billing", "inv-7"}, []txlock.Key{txlock.NewKeyspace("billing").Key("inv-7")}},
+	{[]string{"inv-7", "inv-8", "--keyspace=billing"}, []txlock.Key{txlock.NewKeyspace("billing").Key("inv-7"), txlock.NewKeyspace("billing").Key("inv-8")}},
+	{[]string{"it's a \\ name"}, []txlock.Key{txlock.StringKey(`it's a \ name`)}},
+	{[]string{"--keyspace", "émission", "ünïcode"}, []txlock.Key{txlock.NewKeyspace("émission").Key("ünïcode")}},
+	{[]string{"--", "--not-a-flag"}, []txlock.Key{txlock.StringKey("--not-a-flag")}},
+}
+
+// keyOutput runs every case and returns the golden text: each command line,
+// then what it printed.
+func keyOutput(t *testing.T) (string, [][]block) {
+	var sb strings.Builder
+	var blocks [][]block
+	for i, tc := range keyCases {
+		r := cli(t, append([]string{"key"}, tc.args...)...)
+		require.Equal(t, 0, r.code, "%q: %+v", tc.args, r)
+		require.Empty(t, r.stderr)
+		if i > 0 {
+			sb.WriteString("\n")
+		}
+		sb.WriteString("$ txlock key " + strings.Join(quoteArgs(tc.args), " ") + "\n" + r.stdout)
+		blocks = append(blocks, parseKeyOutput(t, r.stdout))
+	}
+	return sb.String(), blocks
+}
+
+func quoteArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a
+		if strings.ContainsAny(a, ` '\`) {
+			out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+		}
+	}
+	return out
+}
+
+// block is one key as key printed it.
+type block struct {
+	classid, objid uint32
+	objsubid       int
+	sql, fromName  string
+}
+
+var pgLocksLine = regexp.MustCompile(`^classid=(\d+) objid=(\d+) objsubid=(\d+)$`)
+
+func parseKeyOutput(t *testing.T, out string) []block {
+	t.Helper()
+	var bs []block
+	for _, chunk := range strings.Split(strings.TrimSpace(out), "\n\n") {
+		var b block
+		for _, line := range strings.Split(chunk, "\n") {
+			label, value, ok := strings.Cut(line, ":")
+			require.True(t, ok, "line %q", line)
+			value = strings.TrimSpace(value)
+			switch label {
+			case "pg_locks":
+				m := pgLocksLine.FindStringSubmatch(value)
+				require.NotNil(t, m, "pg_locks line %q", value)
+				c, _ := strconv.ParseUint(m[1], 10, 32)
+				o, _ := strconv.ParseUint(m[2], 10, 32)
+				b.classid, b.objid = uint32(c), uint32(o)
+				b.objsubid, _ = strconv.Atoi(m[3])
+			case "sql":
+				b.sql = value
+			case "from name":
+				b.fromName = value
+			}
+		}
+		bs = append(bs, b)
+	}
+	return bs
+}
+
+// TestKeyGolden pins key's output (go test -run TestKeyGolden -update
+// rewrites it), and checks that every pg_locks triple it prints decodes,
+// with txlock.KeyFromPgLocks, to the library's key.
+func TestKeyGolden(t *testing.T) {
+	got, blocks := keyOutput(t)
+	path := filepath.Join("testdata", "key.golden")
+	if *update {
+		require.NoError(t, os.WriteFile(path, []byte(got), 0o644))
+	}
+	want, err := os.ReadFile(path)
+	require.NoError(t, err)
+	assert.Equal(t, string(want), got, "key's output differs from %s (rewrite it with -update if the change is meant)", path)
+
+	for i, tc := range keyCases {
+		require.Len(t, blocks[i], len(tc.want), "%q", tc.args)
+		for j, b := range blocks[i] {
+			k, err := txlock.KeyFromPgLocks(b.classid, b.objid, b.objsubid)
+			require.NoError(t, err)
+			w := tc.want[j]
+			if n, ok := w.Int64(); ok {
+				v, ok := k.Int64()
+				assert.True(t, ok && v == n, "%q: pg_locks gives %v, the library %v", tc.args, k, w)
+			} else {
+				wa, wb, _ := w.Pair()
+				a, b, ok := k.Pair()
+				assert.True(t, ok && a == wa && b == wb, "%q: pg_locks gives %v, the library %v", tc.args, k, w)
+			}
+		}
+	}
+}
+
+// TestKeySQLOnServer: both SQL forms key prints take, on the server, the
+// lock pg_locks shows under the triple key prints.
+func TestKeySQLOnServer(t *testing.T) {
+	db := openPool(t, pgtest.Postgres(t))
+	_, blocks := keyOutput(t)
+	ctx := context.Background()
+	for i, bs := range blocks {
+		for _, b := range bs {
+			for _, expr := range []string{b.sql, b.fromName} {
+				tx, err := db.BeginTx(ctx, nil)
+				require.NoError(t, err)
+				_, err = tx.Exec("SELECT " + expr)
+				require.NoError(t, err, "%q: %s", keyCases[i].args, expr)
+				var classid, objid int64
+				var objsubid int
+				err = tx.QueryRow(`SELECT classid::int8, objid::int8, objsubid FROM pg_locks
+					WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&classid, &objid, &objsubid)
+				require.NoError(t, err, "%s", expr)
+				assert.Equal(t, []int64{int64(b.classid), int64(b.objid), int64(b.objsubid)}, []int64{classid, objid, int64(objsubid)},
+					"%q: %s", keyCases[i].args, expr)
+				require.NoError(t, tx.Rollback())
+			}
+		}
+	}
+
+	// The extremes, which no name in the cases gives, as numbers renders
+	// them.
+	for _, k := range []txlock.Key{txlock.Int64Key(math.MinInt64), txlock.Int64Key(math.MaxInt64), txlock.PairKey(math.MinInt32, math.MaxInt32), txlock.PairKey(-1, math.MinInt32)} {
+		tx, err := db.BeginTx(ctx, nil)
+		require.NoError(t, err)
+		_, err = tx.Exec("SELECT pg_advisory_xact_lock(" + numbers(k) + ")")
+		require.NoError(t, err, "%v: %s", k, numbers(k))
+		var classid, objid int64
+		var objsubid int
+		require.NoError(t, tx.QueryRow(`SELECT classid::int8, objid::int8, objsubid FROM pg_locks
+			WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&classid, &objid, &objsubid))
+		c, o, sub := pgLocks(k)
+		assert.Equal(t, []int64{int64(c), int64(o), int64(sub)}, []int64{classid, objid, int64(objsubid)}, "%v", k)
+		require.NoError(t, tx.Rollback())
+	}
+}
