@@ -222,6 +222,9 @@ func runLockStatement(ctx context.Context, tx *sql.Tx, stmt string) (outcome, er
 		if isIsolationError(err) {
 			return busy, errServerWaitIsolation(err)
 		}
+		if isTermIsolationError(err) {
+			return busy, errTermIsolation(err)
+		}
 		return busy, fmt.Errorf("txlock: lock statement: %w", err)
 	}
 	n, err := res.RowsAffected()

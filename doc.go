@@ -88,12 +88,33 @@
 // writes a row only if the row's token is not larger than the writer's, and
 // reports a refused write as ErrStaleToken.
 //
+// # Terms: leases and leader election
+//
+// A lock held for minutes or hours, by one leader among a service's
+// replicas, is a term: AcquireTerm campaigns as WithLock waits, then holds
+// the lock in one READ COMMITTED transaction that makes no writes, with a
+// heartbeat every interval (WithHeartbeat) and a server-side bound
+// (idle_in_transaction_session_timeout) that ends a frozen holder's session.
+// The term's context is cancelled the moment the lock is lost, with a cause
+// matching ErrLockLost; each term draws its own fencing token (Term.Token),
+// which writes outside the term's transaction carry. Lead runs fn for one
+// term and releases it when fn returns.
+//
+// # Keyspace registry
+//
+// Registry records which service owns each keyspace namespace, so that two
+// services whose names hash to the same namespace fail loudly at start-up
+// (ErrKeyspaceClash) instead of sharing locks; the txlock command uses it to
+// show locks by name. Package interop builds the keys of other tools'
+// advisory locks.
+//
 // # Errors
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
 // waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed,
 // ErrInvalidArgument, ErrInvalidKey, ErrNoToken, ErrStaleToken (a
-// *StaleTokenError) and ErrRowNotFound are matched with errors.Is. An error
+// *StaleTokenError), ErrRowNotFound, ErrLockLost, ErrTermReleased and
+// ErrKeyspaceClash (a *KeyspaceClashError) are matched with errors.Is. An error
 // from fn is returned so that errors.Is and errors.As find it: as it is, or
 // joined with ErrTxDone or ErrHoldTimeout when fn also ended the transaction
 // or outlived WithMaxHold (see WithLock). SQLState reads a PostgreSQL error

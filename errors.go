@@ -37,6 +37,16 @@ var (
 	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, or an
 	// invalid Option. Nothing was sent to the database.
 	ErrInvalidArgument = errors.New("txlock: invalid argument")
+
+	// ErrLockLost: a term (AcquireTerm, Lead) lost its lock: a heartbeat
+	// failed, or none succeeded for the Heartbeat's TTL, after which the
+	// server ends the session. The term's context is cancelled with an
+	// error that matches it (context.Cause), and Term.Err returns it.
+	ErrLockLost = errors.New("txlock: lock lost")
+
+	// ErrTermReleased: the term was ended by Term.Release (or by Lead, once
+	// fn returned). It is the cause of the term's context then.
+	ErrTermReleased = errors.New("txlock: term released")
 )
 
 // LockTimeoutError reports a lock that was not granted in time. It matches
@@ -105,6 +115,12 @@ func isContextErr(err error) bool {
 // transaction's isolation level (isIsolationError).
 func errServerWaitIsolation(err error) error {
 	return fmt.Errorf("%w: ServerWait needs ReadCommitted: the snapshot of a transaction above it would be taken before the wait, so fn would not see the previous holder's writes (the level may come from the server's default_transaction_isolation): %w", ErrInvalidArgument, err)
+}
+
+// errTermIsolation explains termStatement's refusal of the transaction's
+// isolation level (isTermIsolationError).
+func errTermIsolation(err error) error {
+	return fmt.Errorf("%w: a term needs ReadCommitted: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term (the level came from the server's default_transaction_isolation, which the Beginner let apply): %w", ErrInvalidArgument, err)
 }
 
 // errBusy is the internal result of a try that found the lock held.

@@ -72,7 +72,10 @@ type EventKind uint8
 // transaction has ended, also when fn panics; SerializationRetry then
 // precedes a new round's WaitStarted. LockTx reports the events of the
 // wait only, marked CallerTx: the caller's transaction ends the lock. FencedTable reports
-// StaleWrite.
+// StaleWrite. A term (AcquireTerm, Lead) reports the events of a wait, then
+// TokenIssued for the token drawn at its start, then, when it ends, TermLost
+// if it lost its lock, and Released (never Committed: the term's transaction
+// makes no writes, and rolls back).
 const (
 	WaitStarted        EventKind = iota + 1 // a call begins to acquire
 	Busy                                    // an attempt found a key held by another session
@@ -87,6 +90,7 @@ const (
 	HoldTimeout                             // the lock was held past WithMaxHold: Held
 	Skipped                                 // a try found the lock busy, and fn does not run
 	Failed                                  // the wait ended in an error that is not about the lock (a connection error, a refused option, a deadlock in LockTx): Err
+	TermLost                                // a term lost its lock (a heartbeat failed, or none succeeded for its TTL): Held, Token, Err matches ErrLockLost
 )
 
 var eventNames = [...]string{
@@ -103,6 +107,7 @@ var eventNames = [...]string{
 	HoldTimeout:        "hold_timeout",
 	Skipped:            "skipped",
 	Failed:             "failed",
+	TermLost:           "term_lost",
 }
 
 // String returns the event's name in snake case, such as "timed_out".
@@ -124,12 +129,12 @@ type Event struct {
 
 	Attempts int           // lock statements run so far in this round
 	Waited   time.Duration // from the start of the wait to this event, or to the grant once acquired
-	Held     time.Duration // Released, HoldTimeout: from the grant to this event
+	Held     time.Duration // Released, HoldTimeout, TermLost: from the grant to this event
 
 	Committed bool  // Released: txlock committed the transaction (false if fn ended it itself)
-	Err       error // Released: what the round returned (for the last round, what the call returns; for a fn that panicked, an error saying so); TimedOut, Failed, SerializationRetry, StaleWrite: the error
+	Err       error // Released: what the round returned (for the last round, what the call returns; for a fn that panicked, an error saying so; for a term, nil after Release, else why it ended); TimedOut, Failed, SerializationRetry, StaleWrite, TermLost: the error
 
-	Token    int64  // TokenIssued, StaleWrite: the token drawn, or carried by the refused write
+	Token    int64  // TokenIssued, StaleWrite, TermLost: the token drawn, carried by the refused write, or of the lost term
 	Sequence string // TokenIssued: the sequence the token came from
 	Table    string // StaleWrite: the table, as quoted in the statement
 	Current  int64  // StaleWrite: the token the row holds; 0 if unknown

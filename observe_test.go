@@ -321,6 +321,7 @@ func TestSlogObserverGolden(t *testing.T) {
 	obs.Observe(ctx, Event{Kind: StandbyRefused, Keys: keys, Attempts: 1})
 	obs.Observe(ctx, Event{Kind: TokenIssued, Keys: keys, Token: 42, Sequence: `"public"."txlock_fence_seq"`})
 	obs.Observe(ctx, Event{Kind: StaleWrite, Table: `"stock"`, Token: 41, Current: 42, Err: &StaleTokenError{Table: `"stock"`, Token: 41, Current: 42}})
+	obs.Observe(ctx, Event{Kind: TermLost, Keys: keys, Held: 3 * time.Second, Token: 7, Err: fmt.Errorf("%w: heartbeat failed", ErrLockLost)})
 
 	const golden = `level=DEBUG msg="txlock: wait_started" keys="\"orders:42\" bigint(-8476019149258318077)"
 level=DEBUG msg="txlock: busy" keys="\"orders:42\" bigint(-8476019149258318077)" attempts=1 waited=1ms
@@ -336,6 +337,7 @@ level=WARN msg="txlock: released" keys="\"orders:42\" bigint(-847601914925831807
 level=ERROR msg="txlock: standby_refused" keys="\"orders:42\" bigint(-8476019149258318077)" attempts=1 waited=0s
 level=DEBUG msg="txlock: token_issued" keys="\"orders:42\" bigint(-8476019149258318077)" token=42 sequence="\"public\".\"txlock_fence_seq\""
 level=WARN msg="txlock: stale_write" table="\"stock\"" token=41 current=42
+level=WARN msg="txlock: term_lost" keys="\"orders:42\" bigint(-8476019149258318077)" held=3s token=7 err="txlock: lock lost: heartbeat failed"
 `
 	assert.Equal(t, golden, buf.String())
 

@@ -44,7 +44,14 @@ type config struct {
 	serialRetries int
 	serialSet     bool
 	onlyOwnTx     []string // options that make no sense inside a caller's tx
-	errs          []error
+	// term is set for AcquireTerm, TryAcquireTerm and Lead (see lease.go);
+	// heartbeat and fencer are their options, and onlyTerm names the
+	// options given that apply only to them.
+	term      bool
+	heartbeat Heartbeat
+	fencer    Fencer
+	onlyTerm  []string
+	errs      []error
 }
 
 func (c *config) fail(format string, args ...any) {
@@ -222,6 +229,11 @@ func (c *config) init(opts []Option, inTx bool) error {
 	if inTx {
 		for _, name := range c.onlyOwnTx {
 			c.fail("%s does not apply inside a caller's transaction (LockTx, TryLockTx)", name)
+		}
+	}
+	if !c.term {
+		for _, name := range c.onlyTerm {
+			c.fail("%s applies only to terms (AcquireTerm, TryAcquireTerm, Lead); give it to those calls", name)
 		}
 	}
 	if err := errors.Join(c.errs...); err != nil {

@@ -72,7 +72,7 @@ func domain(name string) shadow {
 }
 
 // shadows is every name the library's statements use, in lockStatement,
-// waitStatement, Fencer.Token, Fencer.CreateSequence and the FencedTable
+// waitStatement, termStatement and a term's heartbeat, Fencer.Token, Fencer.CreateSequence and the FencedTable
 // writes, each doing what would most mislead the library: a lock function
 // grants without locking, pg_is_in_recovery says standby, set_config sets
 // nothing, comparisons say true, the clocks make any transaction_timeout in
@@ -314,6 +314,35 @@ func lockTx(opt ...txlock.Option) func(context.Context, *sql.DB, []txlock.Key, f
 	}
 }
 
+// termCall runs fn in a term's context (without a transaction: a term's makes
+// no writes and is not the caller's), after a few heartbeats, through Lead
+// or AcquireTerm. It creates the fencing sequence first, which a term
+// draws its token from.
+func termCall(lead bool) func(context.Context, *sql.DB, []txlock.Key, func(context.Context, *sql.Tx) error, ...txlock.Option) error {
+	return func(ctx context.Context, db *sql.DB, keys []txlock.Key, fn func(context.Context, *sql.Tx) error, opts ...txlock.Option) error {
+		if err := (txlock.Fencer{}).CreateSequence(ctx, db); err != nil {
+			return err
+		}
+		opts = append(opts, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 50 * time.Millisecond, TTL: time.Second}))
+		run := func(ctx context.Context, t *txlock.Term) error {
+			time.Sleep(200 * time.Millisecond) // heartbeats
+			if err := t.Err(); err != nil {
+				return err
+			}
+			return fn(ctx, nil)
+		}
+		if lead {
+			return txlock.Lead(ctx, db, keys[0], run, opts...)
+		}
+		t, err := txlock.AcquireTerm(ctx, db, keys[0], opts...)
+		if err != nil {
+			return err
+		}
+		err = run(t.Context(), t)
+		return errors.Join(err, t.Release(ctx))
+	}
+}
+
 // setting returns a server setting as fn's transaction sees it.
 func setting(t *testing.T, ctx context.Context, tx *sql.Tx, name string) string {
 	t.Helper()
@@ -347,6 +376,8 @@ var lockCalls = []lockCall{
 	},
 	{name: "WithLocks ServerWait", nkeys: 3, run: withLocks(txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond})), busy: txlock.ErrLockTimeout},
 	{name: "LockTx ServerWait", nkeys: 1, run: lockTx(txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond})), busy: txlock.ErrLockTimeout},
+	{name: "AcquireTerm", nkeys: 1, run: termCall(false), busy: txlock.ErrLockTimeout},
+	{name: "Lead", nkeys: 1, run: termCall(true), busy: txlock.ErrLockTimeout},
 	{
 		name: "WithMaxHold", nkeys: 1, busy: txlock.ErrLockTimeout,
 		run: withLock(txlock.WithMaxHold(7 * time.Second)),

@@ -11,8 +11,8 @@ import (
 //
 //   - Debug: wait_started, busy, acquired, released (without error),
 //     skipped, token_issued, serialization_retry;
-//   - Warn: timed_out, failed_open, stale_write, hold_timeout, failed, and
-//     released with an error;
+//   - Warn: timed_out, failed_open, stale_write, hold_timeout, failed,
+//     term_lost, and released with an error;
 //   - Error: standby_refused.
 //
 // Keys are logged in their String form (the name, then the PostgreSQL
@@ -29,7 +29,7 @@ type slogObserver struct{ l *slog.Logger }
 func (o slogObserver) Observe(ctx context.Context, e Event) context.Context {
 	level := slog.LevelDebug
 	switch e.Kind {
-	case TimedOut, FailedOpen, StaleWrite, HoldTimeout, Failed:
+	case TimedOut, FailedOpen, StaleWrite, HoldTimeout, Failed, TermLost:
 		level = slog.LevelWarn
 	case StandbyRefused:
 		level = slog.LevelError
@@ -55,6 +55,8 @@ func (o slogObserver) Observe(ctx context.Context, e Event) context.Context {
 		attrs = append(attrs, slog.Duration("held", e.Held), slog.Bool("committed", e.Committed))
 	case HoldTimeout:
 		attrs = append(attrs, slog.Duration("held", e.Held))
+	case TermLost:
+		attrs = append(attrs, slog.Duration("held", e.Held), slog.Int64("token", e.Token))
 	case TokenIssued:
 		attrs = append(attrs, slog.Int64("token", e.Token), slog.String("sequence", e.Sequence))
 	case StaleWrite:

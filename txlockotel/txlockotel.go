@@ -26,7 +26,8 @@
 // wait span "acquired", "timed_out", "standby_refused", "skipped" (a busy
 // try) or "failed" (an error that is not about the lock), on the hold span
 // "committed" or "rolled_back". Span events: "txlock.token_issued"
-// (txlock.fence.token, txlock.fence.sequence) and "txlock.hold_timeout" on
+// (txlock.fence.token, txlock.fence.sequence), "txlock.hold_timeout" and,
+// for a term that lost its lock, "txlock.term_lost" (txlock.fence.token) on
 // the hold span; "txlock.stale_write" (txlock.fence.table,
 // txlock.fence.token, txlock.fence.current_token) on the span of the
 // writer's context; "txlock.fail_open" (txlock.attempts) on the span of
@@ -48,6 +49,7 @@
 //	txlock.hold_timeouts           counter, {timeout}
 //	txlock.busy_attempts           counter, {attempt}
 //	txlock.serialization_retries   counter, {retry}
+//	txlock.terms_lost              counter, {term}
 //
 // Their attributes are bounded: txlock.keyspace, txlock.mode (but not on
 // txlock.stale_writes), and txlock.outcome on the histograms; never a key.
@@ -156,6 +158,7 @@ type Observer struct {
 	holdTimeouts         metric.Int64Counter
 	busyAttempts         metric.Int64Counter
 	serializationRetries metric.Int64Counter
+	termsLost            metric.Int64Counter
 
 	mu    sync.RWMutex
 	attrs map[attrKey]*attrSets
@@ -254,6 +257,7 @@ func New(opts ...Option) (*Observer, error) {
 	o.holdTimeouts = counter("txlock.hold_timeouts", "{timeout}", "Holds ended because fn outlived WithMaxHold.")
 	o.busyAttempts = counter("txlock.busy_attempts", "{attempt}", "Lock attempts that found a key held by another session.")
 	o.serializationRetries = counter("txlock.serialization_retries", "{retry}", "Times fn was run again after a serialization failure or deadlock (SQLSTATE 40001, 40P01).")
+	o.termsLost = counter("txlock.terms_lost", "{term}", "Terms (AcquireTerm, Lead) that lost their lock: a heartbeat failed, or none succeeded for the TTL.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("txlockotel: creating the instruments: %w", err)
 	}
@@ -372,6 +376,12 @@ func (o *Observer) Observe(ctx context.Context, e txlock.Event) context.Context 
 
 	case txlock.SerializationRetry:
 		o.serializationRetries.Add(ctx, 1, a.ksMode)
+
+	case txlock.TermLost:
+		o.termsLost.Add(ctx, 1, a.ksMode)
+		if st := o.state(ctx, true); st != nil {
+			st.span.AddEvent("txlock.term_lost", trace.WithAttributes(keyToken.Int64(e.Token)))
+		}
 	}
 	return ctx
 }

@@ -607,3 +607,36 @@ func TestEveryWaitSpanEnds(t *testing.T) {
 	assert.Equal(t, uint64(1), e.metric(t, "txlock.wait.duration", none, exclusive, outcome("skipped")).count)
 	assert.Equal(t, uint64(1), e.metric(t, "txlock.wait.duration", none, exclusive, outcome("failed")).count)
 }
+
+// TestTermLost checks that a term whose backend is terminated ends its hold
+// span with an error and a txlock.term_lost event, and counts a lost term.
+func TestTermLost(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, e.db))
+	key := txlock.NewKeyspace("leases").ID(int32(time.Now().UnixNano() & 0x7fffffff))
+	term, err := e.locker.AcquireTerm(ctx, key, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 100 * time.Millisecond}))
+	require.NoError(t, err)
+	a, b, _ := key.Pair()
+	var n int
+	require.NoError(t, e.db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1 AND objid = $2 AND objsubid = 2`, int64(uint32(a)), int64(uint32(b))).Scan(&n))
+	require.Equal(t, 1, n)
+	select {
+	case <-term.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the term outlived its backend")
+	}
+	require.ErrorIs(t, term.Err(), txlock.ErrLockLost)
+	require.NoError(t, term.Release(ctx))
+	e.requireAllEnded(t)
+	h := e.one(t, "txlock.hold")
+	assert.Equal(t, codes.Error, h.Status().Code)
+	var names []string
+	for _, ev := range h.Events() {
+		names = append(names, ev.Name)
+	}
+	assert.Equal(t, []string{"txlock.token_issued", "txlock.term_lost"}, names)
+	leases := attribute.String("txlock.keyspace", "leases")
+	assert.Equal(t, int64(1), e.metric(t, "txlock.terms_lost", leases, exclusive).value)
+}

@@ -22,6 +22,7 @@
 //	txlock_hold_timeouts_total{keyspace,mode}      holds ended by txlock.WithMaxHold
 //	txlock_busy_attempts_total{keyspace,mode}      attempts that found a key held by another session
 //	txlock_serialization_retries_total{keyspace,mode}  fn re-run after SQLSTATE 40001 or 40P01
+//	txlock_terms_lost_total{keyspace,mode}         terms (txlock.AcquireTerm, txlock.Lead) that lost their lock
 //
 // Labels are bounded. keyspace is the name of the keyspace the call's keys
 // were made in (txlock.Key.Keyspace), NoKeyspace for keys of no keyspace
@@ -122,6 +123,7 @@ type Observer struct {
 	holdTimeouts       *prometheus.CounterVec
 	busyAttempts       *prometheus.CounterVec
 	serializationRetry *prometheus.CounterVec
+	termsLost          *prometheus.CounterVec
 }
 
 var _ txlock.Observer = (*Observer)(nil)
@@ -171,6 +173,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 		holdTimeouts:       counter("txlock_hold_timeouts_total", "Holds ended because fn outlived WithMaxHold.", ksMode),
 		busyAttempts:       counter("txlock_busy_attempts_total", "Lock attempts that found a key held by another session.", ksMode),
 		serializationRetry: counter("txlock_serialization_retries_total", "Times fn was run again after a serialization failure or deadlock (SQLSTATE 40001, 40P01).", ksMode),
+		termsLost:          counter("txlock_terms_lost_total", "Terms (AcquireTerm, Lead) that lost their lock: a heartbeat failed, or none succeeded for the TTL.", ksMode),
 	}
 	var done []prometheus.Collector
 	for _, col := range o.collectors() {
@@ -187,7 +190,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 
 func (o *Observer) collectors() []prometheus.Collector {
 	return []prometheus.Collector{o.wait, o.hold, o.acquisitions, o.timeouts, o.failOpens, o.staleWrites,
-		o.standbyRefusals, o.holdTimeouts, o.busyAttempts, o.serializationRetry}
+		o.standbyRefusals, o.holdTimeouts, o.busyAttempts, o.serializationRetry, o.termsLost}
 }
 
 // Observe implements txlock.Observer: it counts e, and returns ctx.
@@ -226,6 +229,8 @@ func (o *Observer) Observe(ctx context.Context, e txlock.Event) context.Context 
 		o.busyAttempts.WithLabelValues(ks, mode).Inc()
 	case txlock.SerializationRetry:
 		o.serializationRetry.WithLabelValues(ks, mode).Inc()
+	case txlock.TermLost:
+		o.termsLost.WithLabelValues(ks, mode).Inc()
 	}
 	return ctx
 }

@@ -342,3 +342,30 @@ func BenchmarkObserve(b *testing.B) {
 		}
 	}
 }
+
+// TestTermLost checks that a term whose backend is terminated counts a lost
+// term and a rolled-back hold, under its keyspace's label.
+func TestTermLost(t *testing.T) {
+	reg, locker, db := setup(t)
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, db))
+	key := txlock.NewKeyspace("leases").ID(int32(time.Now().UnixNano() & math.MaxInt32))
+	term, err := locker.AcquireTerm(ctx, key, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 100 * time.Millisecond}))
+	require.NoError(t, err)
+	a, b, _ := key.Pair()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1 AND objid = $2 AND objsubid = 2`, int64(uint32(a)), int64(uint32(b))).Scan(&n))
+	require.Equal(t, 1, n)
+	select {
+	case <-term.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the term outlived its backend")
+	}
+	require.ErrorIs(t, term.Err(), txlock.ErrLockLost)
+	require.NoError(t, term.Release(ctx))
+	leases := []string{"keyspace", "leases", "mode", "exclusive"}
+	assert.Equal(t, 1.0, get(t, reg, "txlock_terms_lost_total", leases...).value)
+	assert.Equal(t, 1.0, get(t, reg, "txlock_acquisitions_total", leases...).value)
+	assert.Equal(t, 1.0, get(t, reg, "txlock_hold_seconds", append(leases, "outcome", "rolled_back")...).count)
+}

@@ -1,0 +1,677 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Terms: a lock held for longer than one critical section (a leader among
+// a service's replicas, a job that commits in batches), in one transaction
+// that makes no writes, kept alive by heartbeats. A term is acquired like a
+// WithLock call (the same wait loop, attempter and local queue), then held
+// by a Term, whose goroutine sends the heartbeats and ends the term when one
+// fails or none succeeds for the TTL.
+
+// Defaults of a Heartbeat's zero fields.
+const (
+	// DefaultHeartbeatInterval is the time between a term's heartbeats.
+	DefaultHeartbeatInterval = time.Second
+	// DefaultHeartbeatTTLIntervals is how many intervals a term survives
+	// without a successful heartbeat: its TTL is 3 intervals (3s by
+	// default).
+	DefaultHeartbeatTTLIntervals = 3
+)
+
+// Defaults of a campaign's polling: the RetryStrategy of AcquireTerm and
+// Lead without WithRetry is ExponentialBackoff{Min:
+// DefaultCampaignBackoffMin, Max: DefaultCampaignBackoffMax}. A campaign can
+// last for hours, so it polls less often than WithLock; a resigned term's
+// successor is elected within one poll of the candidates.
+const (
+	DefaultCampaignBackoffMin = 10 * time.Millisecond
+	DefaultCampaignBackoffMax = 500 * time.Millisecond
+)
+
+// Heartbeat configures how a term proves that it is alive (WithHeartbeat).
+// Its zero value means the defaults: a heartbeat every second, each bounded
+// by a second, and a TTL of three seconds.
+//
+// Every Interval the term runs a short statement (SELECT 1) on its
+// transaction, bounded by Timeout. One that fails (a terminated backend, a
+// dead server, a PgBouncer restart) or times out (a partition) ends the
+// term: its context is cancelled with a cause that matches ErrLockLost. A
+// heartbeat that times out closes its connection (pgx does so when a query's
+// context ends), so a term never survives one.
+//
+// TTL bounds a term on both sides. On the server,
+// idle_in_transaction_session_timeout is set to it for the term's
+// transaction: a holder that freezes (a stopped process, a stalled VM, a
+// partition) loses its session, and with it the lock, TTL after its last
+// heartbeat, and the next candidate is elected. On the client, a term
+// whose last successful heartbeat was sent TTL ago or more counts as lost,
+// even if its goroutine could not run meanwhile: its context's Done, Err
+// and Value methods check, so a holder that was frozen for longer sees its
+// context cancelled as soon as it looks. The client counts from the moment
+// the heartbeat was sent, which is before the server received it, so it
+// gives up no later than the server does (on the monotonic clock; a
+// machine that is suspended as a whole may stop that clock: fence the
+// writes, see Term.Token).
+type Heartbeat struct {
+	// Interval is the time between heartbeats. Zero means
+	// DefaultHeartbeatInterval.
+	Interval time.Duration
+	// Timeout bounds each heartbeat statement. Zero means Interval. A
+	// heartbeat never waits past the term's local expiry, whatever Timeout
+	// says.
+	Timeout time.Duration
+	// TTL is how long a term survives without a successful heartbeat. Zero
+	// means DefaultHeartbeatTTLIntervals times Interval. It must be at
+	// least twice Interval: the session is idle for an interval between
+	// two heartbeats, and a late one must not end a healthy term.
+	TTL time.Duration
+}
+
+// withDefaults returns h with its zero fields set.
+func (h Heartbeat) withDefaults() Heartbeat {
+	if h.Interval == 0 {
+		h.Interval = DefaultHeartbeatInterval
+	}
+	if h.Timeout == 0 {
+		h.Timeout = h.Interval
+	}
+	if h.TTL == 0 {
+		h.TTL = DefaultHeartbeatTTLIntervals * h.Interval
+	}
+	return h
+}
+
+// Validate reports negative fields, and a TTL shorter than two intervals.
+func (h Heartbeat) Validate() error {
+	if h.Interval < 0 || h.Timeout < 0 || h.TTL < 0 {
+		return fmt.Errorf("txlock: Heartbeat fields must not be negative (Interval %v, Timeout %v, TTL %v)", h.Interval, h.Timeout, h.TTL)
+	}
+	d := h.withDefaults()
+	if d.TTL < 2*d.Interval {
+		return fmt.Errorf("txlock: Heartbeat TTL %v must be at least twice Interval %v: a session is idle for an interval between heartbeats, and the server ends it after TTL", d.TTL, d.Interval)
+	}
+	if d.TTL < time.Millisecond {
+		return fmt.Errorf("txlock: Heartbeat TTL %v is below the server's 1ms resolution", d.TTL)
+	}
+	return nil
+}
+
+// WithHeartbeat sets the heartbeat of a term (AcquireTerm, TryAcquireTerm,
+// Lead): see Heartbeat. Other calls refuse it.
+func WithHeartbeat(h Heartbeat) Option {
+	return func(c *config) {
+		if err := h.Validate(); err != nil {
+			c.fail("%s", trimPrefix(err))
+		}
+		c.heartbeat = h
+		c.onlyTerm = append(c.onlyTerm, "WithHeartbeat")
+	}
+}
+
+// WithTermFencer sets the Fencer a term draws its fencing token from (the
+// zero Fencer's sequence without it). Other calls refuse it; inside
+// WithLock's fn, call the Fencer's Token method instead.
+func WithTermFencer(f Fencer) Option {
+	return func(c *config) {
+		if _, err := f.sequence(); err != nil {
+			c.fail("WithTermFencer: %s", trimPrefix(err))
+		}
+		c.fencer = f
+		c.onlyTerm = append(c.onlyTerm, "WithTermFencer")
+	}
+}
+
+// asTerm is the first option of every term call: it marks the call, and
+// sets the defaults in which a campaign differs from WithLock, which the
+// caller's options may then override.
+func asTerm(c *config) {
+	c.term = true
+	c.timeout = 1<<63 - 1 // a campaign lasts until elected, or until ctx ends
+	c.retry = ExponentialBackoff{Min: DefaultCampaignBackoffMin, Max: DefaultCampaignBackoffMax}
+}
+
+// Term is a term of a lock: the advisory lock of one key, held by one
+// READ COMMITTED transaction that makes no writes, for as long as its
+// heartbeats succeed (see Heartbeat), until Release, or until the context
+// given to AcquireTerm ends. Get one with AcquireTerm or TryAcquireTerm, or
+// let Lead manage it. Its methods are safe for concurrent use.
+//
+// What a term costs: one connection for its whole length (behind PgBouncer
+// in transaction mode, one server connection, pinned: size the pool for
+// it), one heartbeat statement per interval, and, at its start, a fencing
+// token drawn on a second connection of the pool. Its transaction holds no
+// snapshot between statements and is given no transaction id, so it holds
+// back no vacuum, however long it lasts.
+//
+// A term can be lost without the holder being told in time (a pause longer
+// than the TTL): a write made outside the term's transaction must carry
+// Token, so that the resource refuses a holder whose term has passed (see
+// FencedTable).
+type Term struct {
+	key   Key
+	token atomic.Int64 // set once, before AcquireTerm returns; atomic for the expiry checks of database/sql's goroutines
+
+	c  config
+	a  ownTx
+	q  ticket
+	st lockState   // Context(): the lease, db, tx, and the fencing token
+	tc termContext // st's Context
+	hb Heartbeat
+
+	cancel  context.CancelCauseFunc // ends tc's context, with the term's cause
+	stopTie func() bool             // unties the term from the transaction's context
+	queued  bool                    // q is in its local queue, and must leave it
+
+	// start is the send time of the lock statement, on the monotonic
+	// clock; lastOK is when the last successful heartbeat (or the lock
+	// statement, 0) was sent, in nanoseconds after start.
+	start  time.Time
+	lastOK atomic.Int64
+	losing atomic.Bool // the term's context has been (or is being) cancelled as lost
+
+	stop     chan struct{} // closed by Release: the heartbeat goroutine returns
+	stopOnce sync.Once
+	beatDone chan struct{} // closed once the heartbeat goroutine has returned
+
+	endMu    sync.Mutex
+	finished bool
+}
+
+// termContext is a term's context: base, whose Done, Err and Value first
+// check the term's local expiry, so that a holder that was frozen past the
+// TTL finds its context cancelled the moment it looks.
+type termContext struct {
+	context.Context
+	t *Term
+}
+
+// Done implements context.Context.
+func (c *termContext) Done() <-chan struct{} {
+	c.t.checkExpiry()
+	return c.Context.Done()
+}
+
+// Err implements context.Context.
+func (c *termContext) Err() error {
+	c.t.checkExpiry()
+	return c.Context.Err()
+}
+
+// Value implements context.Context. context.Cause looks its answer up
+// through Value, so it too sees an expiry.
+func (c *termContext) Value(key any) any {
+	c.t.checkExpiry()
+	return c.Context.Value(key)
+}
+
+// String implements fmt.Stringer.
+func (c *termContext) String() string { return "txlock.termContext" }
+
+// AcquireTerm campaigns for the exclusive lock key until it is granted,
+// then starts a term and returns it: see Term. The caller must end the term
+// with Release.
+//
+// The campaign is WithLock's wait: each attempt begins a transaction and
+// runs one statement; a busy attempt rolls back at once, so a candidate
+// holds no connection between attempts, and sleeps as WithRetry says
+// (ExponentialBackoff{Min: DefaultCampaignBackoffMin, Max:
+// DefaultCampaignBackoffMax} by default). Candidates of this process on the
+// same db and key queue locally, in FIFO order, and the turn passes to the
+// next one when a term ends. The campaign lasts until the lock is granted or
+// ctx ends, unless WithTimeout bounds it (ErrLockTimeout). It ends, too, at
+// the first error that is not about the lock: a connection error, or a
+// server in recovery (ErrStandby); campaign again in a loop (see Lead).
+//
+// The granted lock's transaction is READ COMMITTED and READ ONLY: it runs
+// the lock statement, which also sets idle_in_transaction_session_timeout
+// to the TTL and turns off transaction_timeout (PostgreSQL 17 and later)
+// for the transaction, then the heartbeats, and nothing else. Once the lock
+// is granted, a fencing token is drawn durably from the zero Fencer's
+// sequence (or WithTermFencer's), as Fencer.Token does: db must be a pool of
+// at least two connections, and the sequence must exist (Fencer.CreateSequence).
+//
+// ctx bounds the term as BeginTx's context bounds a transaction: when it
+// ends, so does the term. Bound the campaign with WithTimeout rather than
+// with a context that ends once AcquireTerm has returned.
+//
+// Options: WithTimeout, WithRetry, WithObserver, WithHeartbeat and
+// WithTermFencer apply; WithTxOptions is accepted only for ReadCommitted (or
+// the default level). WithShared, WithServerWait (whose waiter holds a
+// connection), WithMaxHold (the heartbeat bounds a term), WithFailOpen and
+// WithSerializationRetries are refused with ErrInvalidArgument.
+func AcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (*Term, error) {
+	return acquireTerm(ctx, db, key, opts, false)
+}
+
+// TryAcquireTerm makes one attempt at key, and starts a term if the lock is
+// granted, as AcquireTerm does. If another session holds the lock, it
+// returns a nil Term and a nil error. It never queues or waits.
+func TryAcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (*Term, error) {
+	return acquireTerm(ctx, db, key, opts, true)
+}
+
+// Lead campaigns for key as AcquireTerm does and, once elected, runs fn
+// with the term, and a context that is cancelled the moment the term is
+// lost (context.Cause then matches ErrLockLost) or ctx ends. When fn
+// returns, the term is released at once: the next candidate is elected
+// within one of its polls. If fn panics, the term is released and the panic
+// continues.
+//
+// Lead returns fn's error, joined with the term's loss (ErrLockLost) if the
+// term was lost before fn returned; or the campaign's error (ErrLockTimeout
+// with WithTimeout, ErrStandby, a connection error), with fn not run.
+//
+// One call is one term. To stay a candidate for as long as the service
+// runs, call Lead in a loop, and decide there what follows a term: whether
+// fn's return means "done" or "campaign again", and how long to pause
+// after an error. A pause after a term that fn ended itself lets the other
+// candidates win the next one:
+//
+//	for ctx.Err() == nil {
+//		err := txlock.Lead(ctx, db, key, run)
+//		switch {
+//		case errors.Is(err, txlock.ErrLockLost): // lost: campaign again at once
+//		case err != nil && ctx.Err() == nil: // the campaign failed (a failover?): pause, then campaign again
+//			time.Sleep(time.Second)
+//		}
+//	}
+//
+// Inside fn, ctx is also a txlock fn context: FenceToken(ctx) returns the
+// term's token, and LeaseFromContext and Held describe the term.
+func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
+	if fn == nil {
+		return fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
+	}
+	t, err := acquireTerm(ctx, db, key, opts, false)
+	if err != nil {
+		return err
+	}
+	done := false
+	defer func() {
+		if !done { // fn panicked: release, and let the panic continue.
+			_ = t.Release(context.WithoutCancel(ctx))
+		}
+	}()
+	fnErr := fn(t.Context(), t)
+	done = true
+	lost := t.Err()
+	relErr := t.Release(context.WithoutCancel(ctx))
+	switch {
+	case errors.Is(lost, ErrLockLost):
+		return errors.Join(fnErr, lost)
+	case fnErr != nil:
+		return fnErr
+	}
+	return relErr
+}
+
+// acquireTerm validates the call, campaigns, and starts the term.
+func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try bool) (*Term, error) {
+	t := &Term{key: key}
+	c, a := &t.c, &t.a
+	all := make([]Option, 0, len(opts)+1)
+	all = append(append(all, asTerm), opts...)
+	if err := c.init(all, false); err != nil {
+		return nil, err
+	}
+	if err := c.termOptions(); err != nil {
+		return nil, err
+	}
+	if nilDB(db) {
+		return nil, fmt.Errorf("%w: db is nil", ErrInvalidArgument)
+	}
+	if err := key.Err(); err != nil {
+		return nil, err
+	}
+	t.hb = c.heartbeat.withDefaults()
+	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL)}
+	c.ev.start(ctx)
+	var q *ticket
+	if try {
+		c.mode = tryOnce
+	} else if h := queueHandle(db); h != nil {
+		q = &t.q
+		q.key = queueKey{handle: h, stmt: a.stmt}
+		a.pool, _ = h.(*sql.DB)
+	}
+	st := &t.st
+	st.lease = Lease{Keys: a.keys, Held: true}
+	if c.ev.on() {
+		st.ev = &c.ev
+	}
+	ta := termAttempter{a: a}
+	err := c.wait(ctx, &st.lease, &ta, q)
+	if err != nil {
+		if q != nil {
+			q.leave()
+		}
+		if try && errors.Is(err, errBusy) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	if q != nil && !q.entered() {
+		// The lock was granted at the first attempt, before the call
+		// queued: take the turn now if nobody of this process has it, so
+		// that candidates of this process wait in the queue, without
+		// polling, for as long as the term lasts. (enter with an ended
+		// context never waits.)
+		q.enter(endedCtx)
+	}
+	t.queued = q != nil
+	t.start = ta.sent
+	if c.ev.on() {
+		st.grantedAt = a.h.grantedAt
+	}
+	if err := t.begin(ctx); err != nil {
+		t.finish(ctx, err)
+		return nil, err
+	}
+	t.stop, t.beatDone = make(chan struct{}), make(chan struct{})
+	go t.beat()
+	return t, nil
+}
+
+// termOptions refuses the options that do not apply to a term, and sets the
+// term's transaction options.
+func (c *config) termOptions() error {
+	var errs []error
+	refuse := func(name, why string) {
+		errs = append(errs, fmt.Errorf("%w: %s does not apply to a term: %s", ErrInvalidArgument, name, why))
+	}
+	if c.shared {
+		refuse("WithShared", "a term is exclusive")
+	}
+	if c.serverWait != nil {
+		refuse("WithServerWait", "its waiter holds a connection, and a candidate must hold none while it waits")
+	}
+	if c.maxHold > 0 {
+		refuse("WithMaxHold", "a term lasts as long as its heartbeats succeed; bound a frozen holder with WithHeartbeat's TTL")
+	}
+	if c.failOpen {
+		refuse("WithFailOpen", "a term without the lock would be no term")
+	}
+	if c.serialSet {
+		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
+	}
+	if o := c.txOpts; o != nil && o.Isolation != sql.LevelDefault && o.Isolation != sql.LevelReadCommitted {
+		errs = append(errs, fmt.Errorf("%w: a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", ErrInvalidArgument, o.Isolation))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Read committed whatever the server's default_transaction_isolation
+	// says, and read only: the term's transaction makes no writes.
+	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+	return nil
+}
+
+// endedCtx is a context that has ended.
+var endedCtx = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
+
+// termAttempter is a term's attempter: ownTx's attempts, and the time the
+// last one began, from which the term's expiry counts.
+type termAttempter struct {
+	a    *ownTx
+	sent time.Time
+}
+
+func (ta *termAttempter) attempt(ctx context.Context, b bound) (outcome, error) {
+	ta.sent = time.Now()
+	return ta.a.attempt(ctx, b)
+}
+
+// begin sets up the granted term: its context, and its fencing token.
+func (t *Term) begin(ctx context.Context) error {
+	h := &t.a.h
+	// The term's context answers Value lookups through the context the
+	// Observer returned for Acquired (a hold span, say), and ends with the
+	// transaction's.
+	parent := ctx
+	if t.c.ev.on() && t.c.ev.ctx != nil {
+		parent = t.c.ev.ctx
+	}
+	base, cancel := context.WithCancelCause(parent)
+	t.cancel = cancel
+	txCtx := h.txCtx
+	t.stopTie = context.AfterFunc(txCtx, func() { cancel(context.Cause(txCtx)) })
+	t.tc = termContext{Context: base, t: t}
+	st := &t.st
+	st.Context, st.db, st.tx = &t.tc, t.a.db, h.tx
+	drawn := t.since()
+	token, err := t.c.fencer.Token(st)
+	if err != nil {
+		if SQLState(err) == "42P01" {
+			err = fmt.Errorf("%w (create the sequence with Fencer.CreateSequence, or migrations/0001_txlock_fence_seq.sql)", err)
+		}
+		return fmt.Errorf("txlock: term of %s: %w", t.key, err)
+	}
+	t.token.Store(token)
+	// Token's last statement ran on the term's transaction after drawn, as
+	// a query, through the extended protocol: its unnamed portal keeps a
+	// snapshot, and so backend_xmin, until the next statement. A
+	// heartbeat, which database/sql sends with the simple protocol, drops
+	// it now rather than an interval later.
+	t.lastOK.Store(int64(drawn))
+	sent := t.since()
+	if _, err := h.tx.ExecContext(st, heartbeatStatement); err != nil {
+		return fmt.Errorf("%w: term of %s (token %d): the first heartbeat failed: %w", ErrLockLost, t.key, token, err)
+	}
+	t.lastOK.Store(int64(sent))
+	return nil
+}
+
+// since is the time since the lock statement was sent, on the monotonic
+// clock.
+func (t *Term) since() time.Duration { return time.Since(t.start) }
+
+// checkExpiry ends the term as lost if its last successful heartbeat was
+// sent a TTL ago or more.
+func (t *Term) checkExpiry() {
+	if t.losing.Load() {
+		return
+	}
+	now := t.since()
+	if last := time.Duration(t.lastOK.Load()); now-last >= t.hb.TTL {
+		t.lose(fmt.Errorf("%w: term of %s (token %d): no heartbeat succeeded for %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, t.token.Load(), (now - last).Round(time.Millisecond), t.hb.TTL))
+	}
+}
+
+// lose cancels the term's context with err, once. It never blocks: the
+// heartbeat goroutine ends the term's transaction.
+func (t *Term) lose(err error) {
+	if t.losing.CompareAndSwap(false, true) {
+		t.cancel(err)
+	}
+}
+
+// beat is the term's heartbeat goroutine: it runs the heartbeats, and ends
+// the term when its context ends (a loss, or the caller's context), or
+// returns when Release asks.
+func (t *Term) beat() {
+	defer close(t.beatDone)
+	base := t.tc.Context
+	timer := time.NewTimer(t.hb.Interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-t.stop:
+			return
+		case <-base.Done():
+			t.finish(context.Background(), context.Cause(base))
+			return
+		case <-timer.C:
+		}
+		sent := t.since()
+		left := t.hb.TTL - (sent - time.Duration(t.lastOK.Load()))
+		if left <= 0 {
+			t.checkExpiry()
+			continue
+		}
+		hctx, cancel := context.WithTimeout(base, min(t.hb.Timeout, left))
+		_, err := t.st.tx.ExecContext(hctx, heartbeatStatement)
+		cancel()
+		if err != nil {
+			if base.Err() == nil {
+				t.lose(fmt.Errorf("%w: term of %s (token %d): heartbeat failed after %v: %w", ErrLockLost, t.key, t.token.Load(), (t.since() - sent).Round(time.Millisecond), err))
+			}
+			continue
+		}
+		t.lastOK.Store(int64(sent))
+		timer.Reset(t.hb.Interval)
+	}
+}
+
+// finish ends the term, once: cancels its context with cause (a context
+// already cancelled keeps its first cause), rolls its transaction back,
+// leaves the local queue, and reports TermLost and Released. It returns the
+// rollback's error when a release (the term's first cause) may have left
+// the lock held.
+func (t *Term) finish(ctx context.Context, cause error) error {
+	t.endMu.Lock()
+	defer t.endMu.Unlock()
+	if t.finished {
+		return nil
+	}
+	t.finished = true
+	st := &t.st
+	st.ended.Store(true)
+	t.losing.Store(true)
+	if t.cancel != nil {
+		t.cancel(cause)
+		cause = context.Cause(t.tc.Context)
+	}
+	h := &t.a.h
+	// A ROLLBACK is as short as a heartbeat, and is bounded the same way:
+	// by the Heartbeat's Timeout, and by ctx (Release's). pgx rolls back
+	// with the transaction's context, so ending that context cuts off a
+	// rollback stuck on a partitioned connection, and closes it; the
+	// server ends the session within the TTL.
+	if h.cancel != nil {
+		cut := func() {
+			h.cancel(fmt.Errorf("txlock: the rollback of the term of %s did not return in time: %w", t.key, cause))
+		}
+		timer := time.AfterFunc(t.hb.Timeout, cut)
+		stop := context.AfterFunc(ctx, cut)
+		defer func() { timer.Stop(); stop() }()
+	}
+	rbErr := h.tx.Rollback()
+	if errors.Is(rbErr, sql.ErrTxDone) {
+		rbErr = nil // the transaction's context ended, and database/sql rolled it back
+	}
+	if t.stopTie != nil {
+		t.stopTie()
+	}
+	if h.cancel != nil {
+		h.cancel(nil)
+	}
+	if t.queued {
+		t.q.leave()
+	}
+	if st.ev != nil {
+		e := Event{Keys: st.lease.Keys, Attempts: st.lease.Attempts, Waited: st.lease.Waited, Held: t.c.clock.now().Sub(st.grantedAt), Token: t.token.Load()}
+		if errors.Is(cause, ErrLockLost) {
+			e.Kind, e.Err = TermLost, cause
+			st.ev.report(e)
+		}
+		e.Kind, e.Err, e.Token = Released, cause, 0
+		if errors.Is(cause, ErrTermReleased) {
+			e.Err = rbErr
+		}
+		st.ev.report(e)
+	}
+	if rbErr != nil && errors.Is(cause, ErrTermReleased) {
+		// A term that was lost, or whose context ended, has no session to
+		// roll back: only a release reports its rollback.
+		return fmt.Errorf("txlock: releasing the term of %s: the rollback failed, so the server ends the lock when it ends the session (within the TTL): %w", t.key, rbErr)
+	}
+	return nil
+}
+
+// Key returns the term's key.
+func (t *Term) Key() Key { return t.key }
+
+// Token returns the term's fencing token, drawn durably when the term
+// began: larger than the token of every term of the same Fencer's sequence
+// that began before it. Writes made outside the term's transaction (to
+// another table, database or service) must carry it, so that the resource
+// refuses them once a later term has written (FencedTable).
+func (t *Term) Token() int64 { return t.token.Load() }
+
+// Context returns the term's context: it is cancelled when the term ends,
+// and context.Cause then says why: an error matching ErrLockLost, or
+// ErrTermReleased, or the cause of the context given to AcquireTerm. It is
+// also a txlock fn context: FenceToken returns the term's token from it,
+// LeaseFromContext and Held describe the term.
+func (t *Term) Context() context.Context { return &t.st }
+
+// Done returns a channel that is closed when the term ends.
+func (t *Term) Done() <-chan struct{} { return t.tc.Done() }
+
+// Err returns nil while the term holds its lock, and then why it ended: an
+// error matching ErrLockLost if the term was lost, ErrTermReleased after
+// Release, or the cause of the context given to AcquireTerm.
+func (t *Term) Err() error {
+	if t.tc.Err() == nil {
+		return nil
+	}
+	return context.Cause(t.tc.Context)
+}
+
+// Release ends the term: it rolls the term's transaction back, which
+// releases the lock at once, so the next candidate is elected within one
+// of its polls. It waits for a heartbeat in flight (at most its Timeout),
+// or, if ctx ends first, cuts it off, which closes the connection. Release
+// returns nil once the lock is released, by this call or before it by the
+// term's loss (which Err reports; the server ends a lost term's session
+// within the TTL), and an error if the rollback failed. It may be called
+// more than once.
+func (t *Term) Release(ctx context.Context) error {
+	t.stopOnce.Do(func() { close(t.stop) })
+	select {
+	case <-t.beatDone:
+	case <-ctx.Done():
+		t.cancel(ErrTermReleased)
+		<-t.beatDone
+	}
+	return t.finish(ctx, ErrTermReleased)
+}
+
+// AcquireTerm is AcquireTerm on the Locker's db.
+func (l *Locker) AcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
+	return AcquireTerm(ctx, l.db, key, l.with(opts)...)
+}
+
+// TryAcquireTerm is TryAcquireTerm on the Locker's db.
+func (l *Locker) TryAcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
+	return TryAcquireTerm(ctx, l.db, key, l.with(opts)...)
+}
+
+// Lead is Lead on the Locker's db.
+func (l *Locker) Lead(ctx context.Context, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
+	return Lead(ctx, l.db, key, fn, l.with(opts)...)
+}
+
+// trimPrefix drops the package prefix of err's text, for an option's error,
+// which gets the prefix of ErrInvalidArgument.
+func trimPrefix(err error) string {
+	const p = "txlock: "
+	s := err.Error()
+	if len(s) >= len(p) && s[:len(p)] == p {
+		return s[len(p):]
+	}
+	return s
+}

@@ -1,0 +1,718 @@
+package txlock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+// Terms (AcquireTerm, TryAcquireTerm, Lead) against the real server: what a
+// term holds and costs, how it ends, and what it refuses. The tests across
+// processes (exclusion, SIGSTOP) are in lease_process_test.go.
+
+// fastBeat is the heartbeat of the tests that measure how a term ends: an
+// interval short enough to keep the tests quick, and a timeout and a TTL
+// far enough above it that a loaded machine's pause does not end a healthy
+// term.
+var fastBeat = txlock.Heartbeat{Interval: 200 * time.Millisecond, Timeout: time.Second, TTL: 3 * time.Second}
+
+// termDB returns a pool on the test PostgreSQL where the fencing sequence
+// exists, with the checks of direct.
+func termDB(t *testing.T) *sql.DB {
+	t.Helper()
+	db := direct(t)
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), db))
+	return db
+}
+
+// termPID returns the pid of the backend that holds k, or 0.
+func termPID(t *testing.T, db *sql.DB, k txlock.Key) int {
+	t.Helper()
+	classid, objid, objsubid := txlock.PgLocksOf(k)
+	var pid int
+	err := db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND classid = $1 AND objid = $2 AND objsubid = $3
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		int64(classid), int64(objid), objsubid).Scan(&pid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
+}
+
+// backend is a row of pg_stat_activity.
+type backend struct {
+	state     string
+	xmin, xid sql.NullString
+}
+
+// activity returns pid's row of pg_stat_activity.
+func activity(t *testing.T, db *sql.DB, pid int) backend {
+	t.Helper()
+	var b backend
+	require.NoError(t, db.QueryRow(`SELECT coalesce(state, ''), backend_xmin::text, backend_xid::text FROM pg_stat_activity WHERE pid = $1`, pid).
+		Scan(&b.state, &b.xmin, &b.xid))
+	return b
+}
+
+// released asserts that term ended as Release ends it.
+func assertReleased(t *testing.T, db *sql.DB, term *txlock.Term) {
+	t.Helper()
+	select {
+	case <-term.Done():
+	default:
+		t.Fatal("Done is not closed after Release")
+	}
+	assert.ErrorIs(t, term.Err(), txlock.ErrTermReleased)
+	assert.ErrorIs(t, context.Cause(term.Context()), txlock.ErrTermReleased)
+	assert.False(t, txlock.Held(term.Context()))
+	assert.Equal(t, 0, heldBy(t, db, term.Key()), "the lock outlived Release")
+}
+
+func TestTermHoldsAndReleases(t *testing.T) {
+	for _, via := range []struct {
+		name string
+		db   func(t *testing.T) *sql.DB
+	}{
+		{"direct", termDB},
+		{"PgBouncer", func(t *testing.T) *sql.DB {
+			termDB(t)
+			db, _ := bouncer(t, "exec")
+			return db
+		}},
+	} {
+		t.Run(via.name, func(t *testing.T) {
+			db := via.db(t)
+			check := termDB(t)
+			ctx := context.Background()
+			key := txlock.StringKey(uniq(t))
+			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = term.Release(ctx) })
+			assert.Equal(t, key, term.Key())
+			assert.Positive(t, term.Token())
+			assert.NoError(t, term.Err())
+			assert.True(t, txlock.Held(term.Context()))
+			tok, err := txlock.FenceToken(term.Context())
+			require.NoError(t, err)
+			assert.Equal(t, term.Token(), tok, "FenceToken in the term's context is the term's token")
+			lease, ok := txlock.LeaseFromContext(term.Context())
+			require.True(t, ok)
+			assert.Equal(t, []txlock.Key{key}, lease.Keys)
+			assert.Equal(t, 1, lease.Attempts)
+
+			// Several heartbeats later the term still holds, and another
+			// candidate finds the lock busy.
+			time.Sleep(5 * fastBeat.Interval)
+			assert.NoError(t, term.Err())
+			assert.Equal(t, 1, heldBy(t, check, key))
+			other, err := txlock.TryAcquireTerm(ctx, check, key)
+			require.NoError(t, err)
+			assert.Nil(t, other, "a second term of the same key")
+			pid := termPID(t, check, key)
+			require.NotZero(t, pid)
+			b := activity(t, check, pid)
+			assert.False(t, b.xid.Valid, "the term's transaction was given a transaction id")
+
+			require.NoError(t, term.Release(ctx))
+			assertReleased(t, check, term)
+			require.NoError(t, term.Release(ctx), "a second Release")
+
+			next, err := txlock.AcquireTerm(ctx, db, key, txlock.WithTimeout(5*time.Second))
+			require.NoError(t, err)
+			assert.Greater(t, next.Token(), term.Token(), "the next term's token")
+			require.NoError(t, next.Release(ctx))
+		})
+	}
+}
+
+// A Beginner that drops the transaction options it is given, so that the
+// server's default_transaction_isolation applies.
+type dropOptions struct{ db *sql.DB }
+
+func (d dropOptions) BeginTx(ctx context.Context, _ *sql.TxOptions) (*sql.Tx, error) {
+	return d.db.BeginTx(ctx, nil)
+}
+
+func (d dropOptions) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
+	return d.db.QueryRowContext(ctx, q, args...)
+}
+
+func TestTermOptionsRefused(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	for _, c := range []struct {
+		name string
+		opt  txlock.Option
+		want string
+	}{
+		{"WithShared", txlock.WithShared(), "WithShared does not apply to a term"},
+		{"WithServerWait", txlock.WithServerWait(txlock.ServerWait{}), "WithServerWait does not apply to a term"},
+		{"WithMaxHold", txlock.WithMaxHold(time.Second), "WithMaxHold does not apply to a term"},
+		{"WithFailOpen", txlock.WithFailOpen(nil), "WithFailOpen does not apply to a term"},
+		{"WithSerializationRetries", txlock.WithSerializationRetries(1), "WithSerializationRetries does not apply to a term"},
+		{"RepeatableRead", txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead}), "a term needs ReadCommitted, and WithTxOptions asks for Repeatable Read"},
+		{"Serializable", txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}), "asks for Serializable"},
+		{"TTL below two intervals", txlock.WithHeartbeat(txlock.Heartbeat{Interval: time.Second, TTL: 1500 * time.Millisecond}), "TTL 1.5s must be at least twice Interval 1s"},
+		{"negative interval", txlock.WithHeartbeat(txlock.Heartbeat{Interval: -time.Second}), "must not be negative"},
+		{"bad Fencer", txlock.WithTermFencer(txlock.Fencer{Sequence: "a\x00b"}), "WithTermFencer"},
+		{"zero timeout", txlock.WithTimeout(0), "WithTimeout needs a positive duration"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			term, err := txlock.AcquireTerm(ctx, db, key, c.opt)
+			assert.Nil(t, term)
+			require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), c.want)
+			err = txlock.Lead(ctx, db, key, func(context.Context, *txlock.Term) error {
+				t.Error("fn ran")
+				return nil
+			}, c.opt)
+			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		})
+	}
+	t.Run("term options elsewhere", func(t *testing.T) {
+		for _, opt := range []txlock.Option{txlock.WithHeartbeat(txlock.Heartbeat{}), txlock.WithTermFencer(txlock.Fencer{})} {
+			err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil }, opt)
+			require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), "applies only to terms")
+			_, err = txlock.New(db, opt)
+			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		}
+	})
+	t.Run("bad arguments", func(t *testing.T) {
+		_, err := txlock.AcquireTerm(ctx, nil, key)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		assert.Contains(t, err.Error(), "db is nil")
+		_, err = txlock.AcquireTerm(ctx, db, txlock.StringKey(""))
+		assert.ErrorIs(t, err, txlock.ErrInvalidKey)
+		err = txlock.Lead(ctx, db, key, nil)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		assert.Contains(t, err.Error(), "fn is nil")
+	})
+	t.Run("ReadCommitted accepted", func(t *testing.T) {
+		term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelReadCommitted}))
+		require.NoError(t, err)
+		require.NoError(t, term.Release(ctx))
+	})
+}
+
+// The server's default_transaction_isolation cannot make a term hold a
+// snapshot: AcquireTerm begins at read committed, and a Beginner that drops
+// that option is refused by the statement itself.
+func TestTermServerDefaultRepeatableRead(t *testing.T) {
+	check := termDB(t)
+	u, err := url.Parse(pgtest.Postgres(t))
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("default_transaction_isolation", "repeatable read")
+	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
+	rr := open(t, u.String())
+	var level string
+	require.NoError(t, rr.QueryRow(`SELECT current_setting('transaction_isolation')`).Scan(&level))
+	require.Equal(t, "repeatable read", level, "the pool's default isolation")
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+
+	term, err := txlock.AcquireTerm(ctx, rr, key, txlock.WithHeartbeat(fastBeat))
+	require.NoError(t, err)
+	pid := termPID(t, check, key)
+	idle := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if b := activity(t, check, pid); b.state == "idle in transaction" {
+			idle++
+			assert.False(t, b.xmin.Valid, "backend_xmin of a term begun on a repeatable read pool: %s", b.xmin.String)
+		}
+	}
+	assert.Positive(t, idle)
+	require.NoError(t, term.Release(ctx))
+
+	term, err = txlock.AcquireTerm(ctx, dropOptions{rr}, key, txlock.WithTimeout(2*time.Second))
+	assert.Nil(t, term)
+	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "a term needs read committed, the transaction is repeatable read")
+	assert.Equal(t, 0, heldBy(t, check, key))
+}
+
+// terminate ends pid's backend and returns when it did.
+func terminate(t *testing.T, db *sql.DB, pid int) time.Time {
+	t.Helper()
+	var ok bool
+	require.NoError(t, db.QueryRow(`SELECT pg_terminate_backend($1)`, pid).Scan(&ok))
+	require.True(t, ok)
+	return time.Now()
+}
+
+// The issue's bound: a terminated term's holder sees its context cancelled
+// within one heartbeat interval plus the heartbeat's timeout. The
+// assertion allows 2s more for a loaded machine, and the test logs the
+// number.
+func TestTermTerminated(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	var obs obsLog
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat), txlock.WithObserver(&obs))
+	require.NoError(t, err)
+	time.Sleep(2 * fastBeat.Interval)
+	killed := terminate(t, db, termPID(t, db, key))
+	select {
+	case <-term.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the term's context was not cancelled after its backend was terminated")
+	}
+	took := time.Since(killed)
+	bound := fastBeat.Interval + fastBeat.Timeout
+	t.Logf("context cancelled %v after pg_terminate_backend (bound: interval + timeout = %v)", took.Round(time.Millisecond), bound)
+	assert.Less(t, took, bound+2*time.Second)
+
+	require.ErrorIs(t, term.Err(), txlock.ErrLockLost)
+	assert.ErrorIs(t, context.Cause(term.Context()), txlock.ErrLockLost)
+	assert.Contains(t, term.Err().Error(), "heartbeat failed")
+	assert.False(t, txlock.Held(term.Context()))
+	require.NoError(t, term.Release(ctx), "Release after a loss")
+	require.Eventually(t, func() bool {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		return len(obs.events) > 0 && obs.events[len(obs.events)-1].Kind == txlock.Released
+	}, 5*time.Second, 10*time.Millisecond, "the term's Released event")
+	{
+		evs := obs.take()
+		k := kindsOf(evs)
+		require.GreaterOrEqual(t, len(evs), 2)
+		lost := evs[len(evs)-2]
+		assert.Equal(t, txlock.TermLost, lost.Kind)
+		assert.Equal(t, term.Token(), lost.Token)
+		assert.ErrorIs(t, lost.Err, txlock.ErrLockLost)
+		assert.Positive(t, lost.Held)
+		assert.ErrorIs(t, evs[len(evs)-1].Err, txlock.ErrLockLost)
+		assert.False(t, evs[len(evs)-1].Committed)
+		assert.Equal(t, []txlock.EventKind{txlock.WaitStarted, txlock.Acquired, txlock.TokenIssued, txlock.TermLost, txlock.Released}, k)
+	}
+
+	next, err := txlock.TryAcquireTerm(ctx, db, key)
+	require.NoError(t, err)
+	require.NotNil(t, next, "the lock is free once the backend is gone")
+	assert.Greater(t, next.Token(), term.Token())
+	require.NoError(t, next.Release(ctx))
+}
+
+// Lead's fn sees its context cancelled with ErrLockLost, and Lead returns
+// fn's error joined with the loss.
+func TestLeadLost(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	fnErr := errors.New("fn saw the loss")
+	var cause error
+	err := txlock.Lead(ctx, db, key, func(ctx context.Context, term *txlock.Term) error {
+		terminate(t, db, termPID(t, db, key))
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Error("fn's context was not cancelled")
+		}
+		cause = context.Cause(ctx)
+		return fnErr
+	}, txlock.WithHeartbeat(fastBeat))
+	assert.ErrorIs(t, cause, txlock.ErrLockLost)
+	assert.ErrorIs(t, err, txlock.ErrLockLost)
+	assert.ErrorIs(t, err, fnErr)
+	assert.Equal(t, 0, heldBy(t, db, key))
+}
+
+// Resignation: when the term ends, a candidate of another process (here,
+// another pool, which does not share the local queue) is elected within
+// one of its polls. The poll is 100ms; the assertion allows 1s more.
+func TestTermResignation(t *testing.T) {
+	check := termDB(t)
+	a := open(t, pgtest.Postgres(t))
+	b := open(t, pgtest.Postgres(t))
+	ctx := context.Background()
+	poll := 100 * time.Millisecond
+	for _, how := range []string{"Release", "Lead returns"} {
+		t.Run(how, func(t *testing.T) {
+			key := txlock.StringKey(uniq(t))
+			held := make(chan struct{})
+			resign := make(chan struct{})
+			var resigned time.Time
+			var leadErr error
+			var wg sync.WaitGroup
+			wg.Add(1)
+			if how == "Release" {
+				term, err := txlock.AcquireTerm(ctx, a, key)
+				require.NoError(t, err)
+				close(held)
+				go func() {
+					defer wg.Done()
+					<-resign
+					leadErr = term.Release(ctx)
+					resigned = time.Now()
+				}()
+			} else {
+				go func() {
+					defer wg.Done()
+					leadErr = txlock.Lead(ctx, a, key, func(context.Context, *txlock.Term) error {
+						close(held)
+						<-resign
+						return nil
+					})
+					resigned = time.Now()
+				}()
+				<-held
+			}
+			var busy atomic.Int32
+			obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+				if e.Kind == txlock.Busy {
+					busy.Add(1)
+				}
+				return ctx
+			})
+			got := make(chan *txlock.Term, 1)
+			go func() {
+				term, err := txlock.AcquireTerm(ctx, b, key, txlock.WithRetry(txlock.ConstantBackoff{Interval: poll}), txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second))
+				assert.NoError(t, err)
+				got <- term
+			}()
+			require.Eventually(t, func() bool { return busy.Load() >= 2 }, 10*time.Second, 5*time.Millisecond, "the candidate polls")
+			close(resign)
+			term := <-got
+			elected := time.Now()
+			wg.Wait()
+			require.NoError(t, leadErr)
+			require.NotNil(t, term)
+			took := elected.Sub(resigned)
+			t.Logf("the candidate was elected %v after the term ended (poll %v)", took.Round(time.Millisecond), poll)
+			assert.Less(t, took, poll+time.Second)
+			assert.Equal(t, 1, heldBy(t, check, key))
+			require.NoError(t, term.Release(ctx))
+		})
+	}
+}
+
+// Candidates of one pool queue locally: while a term of the pool holds the
+// lock, they wait in the queue and do not poll, and the term passes the
+// turn to the next as it ends, in FIFO order.
+func TestTermLocalQueue(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	first, err := txlock.AcquireTerm(ctx, db, key)
+	require.NoError(t, err)
+	var busy atomic.Int32
+	obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		if e.Kind == txlock.Busy {
+			busy.Add(1)
+		}
+		return ctx
+	})
+	const n = 3
+	got := make(chan int, n)
+	terms := make([]*txlock.Term, n)
+	for i := range n {
+		go func() {
+			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second))
+			assert.NoError(t, err)
+			terms[i] = term
+			got <- i
+		}()
+		time.Sleep(50 * time.Millisecond) // queue in order
+	}
+	time.Sleep(time.Second)
+	assert.Zero(t, busy.Load(), "candidates polled while a term of their own process held the lock")
+	require.NoError(t, first.Release(ctx))
+	for want := range n {
+		released := time.Now()
+		i := <-got
+		took := time.Since(released)
+		t.Logf("candidate %d was elected %v after the previous term ended", i, took.Round(time.Millisecond))
+		assert.Equal(t, want, i, "FIFO order")
+		assert.Less(t, took, time.Second)
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, terms[i].Release(ctx))
+	}
+	assert.Zero(t, busy.Load())
+}
+
+func TestLeadPanicReleases(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	require.PanicsWithValue(t, "boom", func() {
+		_ = txlock.Lead(ctx, db, key, func(context.Context, *txlock.Term) error {
+			require.Equal(t, 1, heldBy(t, db, key))
+			panic("boom")
+		})
+	})
+	assert.Equal(t, 0, heldBy(t, db, key), "the lock outlived fn's panic")
+	term, err := txlock.TryAcquireTerm(ctx, db, key)
+	require.NoError(t, err)
+	require.NotNil(t, term)
+	require.NoError(t, term.Release(ctx))
+}
+
+// The context given to AcquireTerm bounds the term.
+func TestTermContextEnds(t *testing.T) {
+	db := termDB(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	key := txlock.StringKey(uniq(t))
+	term, err := txlock.AcquireTerm(ctx, db, key)
+	require.NoError(t, err)
+	cancel()
+	select {
+	case <-term.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the term outlived its context")
+	}
+	assert.ErrorIs(t, term.Err(), context.Canceled)
+	assert.NotErrorIs(t, term.Err(), txlock.ErrLockLost)
+	require.Eventually(t, func() bool { return heldBy(t, db, key) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, term.Release(context.Background()))
+}
+
+// A campaign bounded by WithTimeout, or ended by its context, fails with
+// ErrLockTimeout; a missing fencing sequence ends the term at once.
+func TestTermCampaignEnds(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+	start := time.Now()
+	_, err := txlock.AcquireTerm(ctx, db, key, txlock.WithTimeout(300*time.Millisecond))
+	require.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.Less(t, time.Since(start), 3*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	err = txlock.Lead(cctx, db, key, func(context.Context, *txlock.Term) error {
+		t.Error("fn ran")
+		return nil
+	})
+	require.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	release()
+
+	_, err = txlock.AcquireTerm(ctx, db, key, txlock.WithTermFencer(txlock.Fencer{Sequence: "txlock_no_such_sequence"}))
+	require.Error(t, err)
+	assert.Equal(t, "42P01", txlock.SQLState(err))
+	assert.Contains(t, err.Error(), "Fencer.CreateSequence")
+	assert.Equal(t, 0, heldBy(t, db, key))
+}
+
+// A term pins exactly one PgBouncer server connection for its length,
+// measured with SHOW POOLS and SHOW CLIENTS, while candidates that wait for
+// it through the same PgBouncer hold none between their attempts.
+func TestTermPinsOneServerConnection(t *testing.T) {
+	db, adminURL := bouncer(t, "exec")
+	termDB(t)
+	admin, err := sql.Open("pgx", adminURL)
+	require.NoError(t, err)
+	defer admin.Close()
+	require.Eventually(t, func() bool { return showPools(t, admin)["sv_active"] == 0 }, 10*time.Second, 20*time.Millisecond, "server connections in use before the test")
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
+	require.NoError(t, err)
+	lo, hi := 1<<30, 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(25 * time.Millisecond) {
+		n := showPools(t, admin)["sv_active"]
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	t.Logf("one term, no candidate: sv_active between %d and %d over 2s", lo, hi)
+	assert.Equal(t, 1, lo)
+	assert.Equal(t, 1, hi)
+
+	// Eight candidates of their own pools campaign through the same
+	// PgBouncer: the term keeps its server connection, and the candidates
+	// take one only for an attempt.
+	cctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	bouncerURL, _ := pgtest.PgBouncer(t)
+	for range 8 {
+		cand := open(t, bouncerURL+"&default_query_exec_mode=exec")
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := txlock.AcquireTerm(cctx, cand, key, txlock.WithRetry(txlock.ConstantBackoff{Interval: 50 * time.Millisecond}))
+			assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	var total, n int
+	linkedAll := map[string]int{}
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(25 * time.Millisecond) {
+		total += showPools(t, admin)["sv_active"]
+		n++
+		for c := range linkedClients(t, admin) {
+			linkedAll[c]++
+		}
+	}
+	stop()
+	wg.Wait()
+	always := 0
+	for _, k := range linkedAll {
+		if k == n {
+			always++
+		}
+	}
+	t.Logf("one term and 8 polling candidates: %.2f server connections in use on average over %d samples; %d client always linked", float64(total)/float64(n), n, always)
+	assert.Equal(t, 1, always, "exactly one client, the term's, keeps a server connection throughout")
+	assert.NoError(t, term.Err())
+	require.NoError(t, term.Release(ctx))
+	require.Eventually(t, func() bool { return showPools(t, admin)["sv_active"] == 0 }, 10*time.Second, 20*time.Millisecond, "the term's server connection is given back")
+}
+
+// On PostgreSQL 17 and later a transaction_timeout in force must not end a
+// healthy term: the term's statement turns it off for the transaction. Here
+// it comes from the connection (a startup parameter), set to 1s, which
+// ends a plain transaction on the same pool; the term outlives it three
+// times over. On 16 and earlier the setting does not exist, which the test
+// asserts, and the term holds as well.
+func TestTermOutlivesTransactionTimeout(t *testing.T) {
+	check := termDB(t)
+	ctx := context.Background()
+	v := serverVersion(t, check)
+	url := pgtest.Postgres(t)
+	if hasTxTimeout(v) {
+		sep := "?"
+		if strings.Contains(url, "?") {
+			sep = "&"
+		}
+		url += sep + "transaction_timeout=1000"
+	}
+	db := open(t, url)
+	var setting sql.NullString
+	require.NoError(t, db.QueryRow(`SELECT pg_catalog.current_setting('transaction_timeout', true)`).Scan(&setting))
+	if !hasTxTimeout(v) {
+		require.False(t, setting.Valid, "server %d has transaction_timeout", v)
+	} else {
+		require.Equal(t, "1s", setting.String)
+		// The setting is in force: it ends a plain transaction.
+		tx, err := db.Begin()
+		require.NoError(t, err)
+		_, err = tx.Exec(`SELECT pg_sleep(1.5)`)
+		assert.Error(t, err, "a plain transaction outlived transaction_timeout")
+		_ = tx.Rollback()
+	}
+	key := txlock.StringKey(uniq(t))
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
+	require.NoError(t, err)
+	time.Sleep(3 * time.Second)
+	assert.NoError(t, term.Err(), "server %d", v)
+	assert.Equal(t, 1, heldBy(t, check, key))
+	require.NoError(t, term.Release(ctx))
+}
+
+// A term of 30 seconds holds back no vacuum: between heartbeats its
+// backend has neither backend_xmin nor backend_xid, and a VACUUM during the
+// term removes the rows updated during it. The control, a repeatable read
+// transaction that has taken its snapshot, keeps them. It runs on a server
+// of its own, where no other test's transaction holds the horizon back.
+func TestTermHoldsBackNoVacuum(t *testing.T) {
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	db := open(t, c.URL())
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, db))
+	_, err := db.Exec(`CREATE TABLE churn (id int PRIMARY KEY, n int NOT NULL) WITH (autovacuum_enabled = false);
+		INSERT INTO churn SELECT g, 0 FROM generate_series(1, 100) g`)
+	require.NoError(t, err)
+	deadRows := func() int64 {
+		var n int64
+		require.NoError(t, db.QueryRow(`SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'churn'`).Scan(&n))
+		return n
+	}
+	update := func() {
+		_, err := db.Exec(`UPDATE churn SET n = n + 1`)
+		require.NoError(t, err)
+	}
+	vacuum := func() {
+		_, err := db.Exec(`VACUUM churn`)
+		require.NoError(t, err)
+	}
+	vacuum()
+
+	key := txlock.StringKey(uniq(t))
+	term, err := txlock.AcquireTerm(ctx, db, key)
+	require.NoError(t, err)
+	pid := termPID(t, db, key)
+	require.NotZero(t, pid)
+	var idle, active, updates, i int
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b := activity(t, db, pid)
+		switch b.state {
+		case "idle in transaction":
+			idle++
+			assert.False(t, b.xmin.Valid, "backend_xmin %s between heartbeats", b.xmin.String)
+		case "active":
+			active++
+		default:
+			t.Fatalf("the term's backend is %q", b.state)
+		}
+		assert.False(t, b.xid.Valid, "backend_xid %s", b.xid.String)
+		if i++; i%10 == 0 {
+			update()
+			updates++
+		}
+	}
+	require.NoError(t, term.Err(), "the 30s term")
+	t.Logf("30s term: %d samples idle in transaction with backend_xmin NULL, %d during a heartbeat; %d updates of 100 rows", idle, active, updates)
+	assert.Greater(t, idle, 100)
+	require.Eventually(t, func() bool { return deadRows() > 0 }, 10*time.Second, 50*time.Millisecond, "the updates left dead rows")
+	before := deadRows()
+	vacuum()
+	require.Eventually(t, func() bool { return deadRows() == 0 }, 10*time.Second, 50*time.Millisecond, "VACUUM during the term left dead rows: %d", deadRows())
+	t.Logf("VACUUM during the term: n_dead_tup %d before, 0 after", before)
+	assert.Equal(t, 1, heldBy(t, db, key), "the term still holds")
+	require.NoError(t, term.Release(ctx))
+
+	// The control: a snapshot that is held keeps the dead rows.
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.Exec(`SELECT count(*) FROM churn`) // takes the snapshot
+	require.NoError(t, err)
+	for range 5 {
+		update()
+	}
+	require.Eventually(t, func() bool { return deadRows() > 0 }, 10*time.Second, 50*time.Millisecond)
+	vacuum()
+	time.Sleep(time.Second) // PostgreSQL 13 and 14 report vacuum's counts asynchronously
+	kept := deadRows()
+	t.Logf("control, a repeatable read snapshot held: n_dead_tup %d after VACUUM", kept)
+	assert.Positive(t, kept, "the control should keep dead rows")
+	require.NoError(t, tx.Rollback())
+}
+
+// A released term reports the events of its wait, its token, and a
+// Released without an error, never committed.
+func TestTermEventsOnRelease(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.NewKeyspace("terms").Key(uniq(t))
+	var obs obsLog
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithObserver(&obs))
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, term.Release(ctx))
+	evs := obs.take()
+	require.Equal(t, []txlock.EventKind{txlock.WaitStarted, txlock.Acquired, txlock.TokenIssued, txlock.Released}, kindsOf(evs))
+	assert.Equal(t, term.Token(), evs[2].Token)
+	rel := evs[3]
+	assert.NoError(t, rel.Err)
+	assert.False(t, rel.Committed)
+	assert.GreaterOrEqual(t, rel.Held, 50*time.Millisecond)
+	assert.Equal(t, []txlock.Key{key}, rel.Keys)
+	assert.Equal(t, "term_lost", txlock.TermLost.String())
+}
