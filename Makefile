@@ -25,7 +25,7 @@ DEPS := scripts/deps.sh
 # term's isolation and transaction_timeout tests do run on every version).
 MATRIX_SKIP := Standby|TermHoldsBackNoVacuum|TermExclusionAcrossProcesses
 
-.PHONY: demo test deps check suites matrix download tidy fuzz
+.PHONY: demo test bench deps check suites matrix download tidy fuzz
 # The steps of test run in the order given.
 .NOTPARALLEL:
 
@@ -34,6 +34,14 @@ demo:
 	go run ./examples/inventory
 
 test: deps check suites matrix
+
+# The benchmark program (BENCHMARKS.md), once scripts/deps.sh has what it
+# needs: PostgreSQL, PgBouncer and redis-server. BENCH_FLAGS are its flags:
+# by default a quick run that writes no chart.
+BENCH_FLAGS := -quick -svg ""
+bench:
+	@$(DEPS) bench
+	cd cmd/txlock-bench && go run . $(BENCH_FLAGS)
 
 deps:
 	@$(DEPS) test

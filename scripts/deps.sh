@@ -10,6 +10,8 @@
 #                                  the extra PostgreSQL versions of the version matrix;
 #                                  reports what is still missing and exits 0, so that
 #                                  what can run, runs
+#   scripts/deps.sh bench          what demo needs, and redis-server for the benchmark
+#                                  program's Redis comparison; exits 1 when it is missing
 #   scripts/deps.sh matrix         prints the majors of the version matrix
 #   scripts/deps.sh bindir [MAJOR] prints the bin directory of the PostgreSQL the tests
 #                                  use (found as the test harness finds it), or of a
@@ -248,6 +250,11 @@ ensure() {
 		fi
 	fi
 
+	if [ "$mode" = bench ] && ! have redis-server; then
+		apt+=(redis-server)
+		lacking+=("redis-server (the benchmark program's Redis)")
+	fi
+
 	if [ "$mode" = test ]; then
 		for entry in "${matrix[@]}"; do
 			matrix_bindir "${entry%%=*}" >/dev/null || want_matrix+=("$entry")
@@ -279,6 +286,9 @@ ensure() {
 			lacking+=("the PostgreSQL server binaries (initdb, postgres)")
 		fi
 		bouncer=$(find_pgbouncer) || lacking+=("PgBouncer (pgbouncer)")
+		if [ "$mode" = bench ] && ! have redis-server; then
+			lacking+=("redis-server (the benchmark program's Redis)")
+		fi
 	fi
 
 	if [ ${#want_matrix[@]} -gt 0 ]; then
@@ -323,6 +333,10 @@ ensure() {
 			say "install these (Debian package names): ${apt[*]}; or set TXLOCK_TEST_PG_BINDIR and TXLOCK_TEST_PGBOUNCER"
 		fi
 	fi
+	if [ "$mode" = bench ]; then
+		say "the benchmark program needs these (or its -pg, -pgbouncer and -redis flags); stopping"
+		return 1
+	fi
 	if [ "$mode" = demo ]; then
 		if [ -n "${DATABASE_URL:-}" ]; then
 			say "DATABASE_URL is set: the demo runs against that database instead"
@@ -335,7 +349,7 @@ ensure() {
 }
 
 case "${1:-}" in
-demo | test)
+demo | test | bench)
 	ensure "$1"
 	;;
 matrix)
@@ -353,7 +367,7 @@ bindir)
 	fi
 	;;
 *)
-	echo "usage: scripts/deps.sh demo | test | matrix | bindir [MAJOR]" >&2
+	echo "usage: scripts/deps.sh demo | test | bench | matrix | bindir [MAJOR]" >&2
 	exit 2
 	;;
 esac

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/bsm/redislock"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/txlock/txlock"
@@ -19,12 +22,31 @@ import (
 // env is what an implementation runs against in one measurement.
 type env struct {
 	db    *sql.DB       // the pool (direct, or through PgBouncer)
+	pgx   *pgxpool.Pool // a pgx pool on the same URL, for the pgx-native references; nil where none runs
+	stmts *counter      // for statements sent below pgx's tracer
 	rdb   *redis.Client // for redislock
 	locks *redislock.Client
 }
 
-// work is the guarded work: what fn does once the lock is held.
-type work func(ctx context.Context, tx *sql.Tx, id int) error
+// work is the guarded work: what fn does once the lock is held, in a
+// database/sql transaction and, for the pgx-native references, on a pgx
+// connection in a transaction.
+type work struct {
+	sql func(ctx context.Context, tx *sql.Tx, id int) error
+	pgx func(ctx context.Context, q pgxQuerier, id int) error // nil: no pgx form
+}
+
+// pgxQuerier is what the pgx form of fn needs: a pgx.Tx, or a pgx
+// connection on which the transaction was begun by hand.
+type pgxQuerier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// errBusy is a reference implementation's answer when its one try at the
+// lock finds it held: these try once and do not wait, being measured only
+// where nobody contends.
+var errBusy = errors.New("lock busy")
 
 // impl acquires the lock named by id, runs w in a transaction, and reports
 // when the lock was granted (the end of the wait).
@@ -79,7 +101,7 @@ func inTx(ctx context.Context, db interface {
 	if granted != nil {
 		granted()
 	}
-	if err := w(ctx, tx, id); err != nil {
+	if err := w.sql(ctx, tx, id); err != nil {
 		return err
 	}
 	return tx.Commit()
@@ -92,7 +114,7 @@ func txlockImpl(name string, opts ...txlock.Option) impl {
 		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
 			return txlock.WithLock(ctx, e.db, lockKey(id), func(ctx context.Context, tx *sql.Tx) error {
 				granted()
-				return w(ctx, tx, id)
+				return w.sql(ctx, tx, id)
 			}, opts...)
 		}}
 }
@@ -131,6 +153,97 @@ var plainTxLockStmt = impl{name: "plain-tx+lock-stmt", pgbouncerSafe: true,
 			}
 			return nil
 		})
+	}}
+
+// plainTxBareLock is the plain transaction plus the bare lock function,
+// SELECT pg_catalog.pg_try_advisory_xact_lock(k), sent by hand with the
+// simple protocol as WithLock sends its statement: the floor of any lock
+// over database/sql, which cannot put the lock into BEGIN's round trip. A
+// false result (the lock is held) returns errBusy, and inTx rolls back.
+var plainTxBareLock = impl{name: "plain-tx+bare-lock", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		return inTx(ctx, e.db, id, w, granted, func(tx *sql.Tx) error {
+			var ok bool
+			if err := tx.QueryRowContext(ctx, bareLock(id), pgx.QueryExecModeSimpleProtocol).Scan(&ok); err != nil {
+				return err
+			}
+			if !ok {
+				return errBusy
+			}
+			return nil
+		})
+	}}
+
+// bareLock is the bare lock statement of row id.
+func bareLock(id int) string {
+	return "SELECT pg_catalog.pg_try_advisory_xact_lock(" + lockArgs(id) + ")"
+}
+
+// plainPgx is the plain transaction in pgx itself (a pgx.Tx on a pgxpool),
+// around the same fn: what leaving database/sql saves.
+var plainPgx = impl{name: "plain-pgx", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		tx, err := e.pgx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		granted()
+		if err := w.pgx(ctx, tx, id); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}}
+
+// plainPgxBareLockInBegin is the floor of a pgx-native lock: BEGIN and the
+// bare lock function sent as one simple-protocol query without arguments
+// (one round trip, the lock's answer in its second result), then fn, then
+// COMMIT; as many round trips as a plain transaction. A false result rolls
+// the transaction back and returns errBusy. pgx's Query would return only
+// the first result (BEGIN's), so the query goes through pgconn, below pgx's
+// tracer: its two statements are counted here.
+var plainPgxBareLockInBegin = impl{name: "plain-pgx+bare-lock-in-begin", pgbouncerSafe: true,
+	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		c, err := e.pgx.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		// Release closes a connection that is not idle, so a transaction
+		// left open by an error below never returns to the pool; the
+		// ROLLBACKs keep the connection when they can.
+		defer c.Release()
+		conn := c.Conn()
+		rollback := func(err error) error {
+			if conn.PgConn().TxStatus() != 'I' && !conn.IsClosed() {
+				if _, rerr := conn.Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+					return errors.Join(err, rerr)
+				}
+			}
+			return err
+		}
+		e.stmts.n.Add(2)
+		res, err := conn.PgConn().Exec(ctx, "BEGIN; "+bareLock(id)).ReadAll()
+		if err != nil {
+			return rollback(err)
+		}
+		if len(res) != 2 || len(res[1].Rows) != 1 || len(res[1].Rows[0]) != 1 {
+			return rollback(fmt.Errorf("BEGIN; lock: unexpected results %v", res))
+		}
+		if string(res[1].Rows[0][0]) != "t" {
+			return rollback(errBusy)
+		}
+		granted()
+		if err := w.pgx(ctx, conn, id); err != nil {
+			return rollback(err)
+		}
+		tag, err := conn.Exec(ctx, "COMMIT")
+		if err != nil {
+			return rollback(err)
+		}
+		if tag.String() != "COMMIT" { // an aborted transaction's COMMIT answers ROLLBACK
+			return fmt.Errorf("COMMIT answered %q", tag.String())
+		}
+		return nil
 	}}
 
 // forUpdate locks the row itself with SELECT … FOR UPDATE.

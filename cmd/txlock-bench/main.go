@@ -9,6 +9,13 @@
 //	go run ./cmd/txlock-bench -quick
 //	go run ./cmd/txlock-bench -json -svg contended.svg
 //	go run ./cmd/txlock-bench -pg postgres://… -pgbouncer postgres://… -pgbouncer-admin postgres://… -redis 127.0.0.1:6379
+//	go run ./cmd/txlock-bench -only fleet,network
+//
+// Scenarios whose name ends in -network reach PostgreSQL and Redis through
+// an in-process toxiproxy that adds -latency each way, a simulated network
+// where round trips dominate. The fleet scenario splits 16 workers over
+// pools (one *sql.DB each, as separate processes would have), and reports
+// each implementation's least served pool.
 //
 // Compare numbers within one run: they are ratios' raw material, and the
 // absolute values depend on the machine and its load.
@@ -32,6 +39,7 @@ import (
 
 	"github.com/bsm/redislock"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
 
@@ -49,7 +57,8 @@ type options struct {
 	rounds     int
 	roundsSet  bool // -rounds was given: use it for every scenario
 	pool       int
-	only       string
+	only       []string // run only scenarios whose name contains one of these
+	latency    time.Duration
 	pgURL      string
 	bouncerURL string
 	adminURL   string
@@ -58,18 +67,24 @@ type options struct {
 
 func main() {
 	var o options
-	flag.BoolVar(&o.quick, "quick", false, "short runs and fewer PgBouncer combinations (under 2 minutes)")
+	flag.BoolVar(&o.quick, "quick", false, "short runs and fewer PgBouncer combinations (about 2 minutes)")
 	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per measurement instead of the markdown table")
 	flag.StringVar(&o.svgPath, "svg", "txlock-bench.svg", "write the contention chart here (empty: none)")
 	flag.DurationVar(&o.dur, "d", 0, "measured time per implementation and configuration (default 3s, 400ms with -quick)")
 	flag.IntVar(&o.rounds, "rounds", 0, "split each measurement into this many interleaved rounds (default 3, 2 with -quick; four times as many for one-worker scenarios)")
 	flag.IntVar(&o.pool, "pool", 20, "PgBouncer default_pool_size of the throwaway PgBouncer")
-	flag.StringVar(&o.only, "only", "", "run only scenarios whose name contains this")
+	only := flag.String("only", "", "run only scenarios whose name contains this (a comma-separated list: any of them)")
+	flag.DurationVar(&o.latency, "latency", 500*time.Microsecond, "latency added each way by the simulated network of the -network scenarios (0: skip them)")
 	flag.StringVar(&o.pgURL, "pg", "", "PostgreSQL URL (default: start a throwaway cluster)")
 	flag.StringVar(&o.bouncerURL, "pgbouncer", "", "PgBouncer (transaction mode) URL in front of -pg")
 	flag.StringVar(&o.adminURL, "pgbouncer-admin", "", "PgBouncer admin console URL")
 	flag.StringVar(&o.redisAddr, "redis", "", "Redis host:port (default: start a throwaway redis-server)")
 	flag.Parse()
+	for _, s := range strings.Split(*only, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			o.only = append(o.only, s)
+		}
+	}
 	if o.dur == 0 {
 		o.dur = 3 * time.Second
 		if o.quick {
@@ -178,6 +193,7 @@ type bench struct {
 	results []result
 	rdb     *redis.Client
 	locks   *redislock.Client
+	network string // what the simulated network measured, if it ran
 }
 
 // pool opens a pool on url with the statement counter.
@@ -191,6 +207,31 @@ func (b *bench) pool(url string) (*sql.DB, error) {
 	db.SetMaxOpenConns(100)
 	db.SetMaxIdleConns(100)
 	return db, nil
+}
+
+// pgxPool opens a pgx pool on url with the statement counter, for the
+// pgx-native references.
+func (b *bench) pgxPool(url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.Tracer = b.stmts
+	cfg.MaxConns = 100
+	return pgxpool.NewWithConfig(context.Background(), cfg)
+}
+
+// selected reports whether the scenario named name is to run.
+func (o *options) selected(name string) bool {
+	if len(o.only) == 0 {
+		return true
+	}
+	for _, s := range o.only {
+		if strings.Contains(name, s) {
+			return true
+		}
+	}
+	return false
 }
 
 func run(o options) error {
@@ -227,39 +268,107 @@ func run(o options) error {
 	}
 	redisCount = &redisN
 
-	vias := map[string]string{
+	urls := map[string]string{
 		"direct": o.pgURL,
 		// PgBouncer 1.18 has no prepared statements: fn's statements go
 		// with pgx's exec mode there.
 		"pgbouncer": o.bouncerURL + "&default_query_exec_mode=exec",
 	}
-	envs := map[string]*env{}
-	for via, url := range vias {
-		db, err := b.pool(url)
+	rdbs := map[string]*redis.Client{"direct": b.rdb, "pgbouncer": b.rdb}
+	all := scenarios(o)
+	var selected []scenario
+	network := false
+	for _, sc := range all {
+		if o.selected(sc.name) {
+			selected = append(selected, sc)
+			network = network || sc.network
+		}
+	}
+	if network {
+		// The simulated network: a proxy in front of PostgreSQL and one in
+		// front of Redis, each adding o.latency each way.
+		pgAddr, err := hostPort(o.pgURL)
 		if err != nil {
 			return err
 		}
-		defer db.Close()
-		envs[via] = &env{db: db, rdb: b.rdb, locks: b.locks}
+		pgProxy, err := startProxy("postgres", pgAddr, o.latency)
+		if err != nil {
+			return err
+		}
+		defer pgProxy.close()
+		redisProxy, err := startProxy("redis", o.redisAddr, o.latency)
+		if err != nil {
+			return err
+		}
+		defer redisProxy.close()
+		if urls["direct+network"], err = viaProxy(o.pgURL, pgProxy.addr()); err != nil {
+			return err
+		}
+		nrdb := redis.NewClient(&redis.Options{Addr: redisProxy.addr(), PoolSize: 100})
+		defer nrdb.Close()
+		nrdb.AddHook(redisCounter{&redisN})
+		rdbs["direct+network"] = nrdb
+		direct, err := medianRoundTrip(context.Background(), o.pgURL)
+		if err != nil {
+			return err
+		}
+		proxied, err := medianRoundTrip(context.Background(), urls["direct+network"])
+		if err != nil {
+			return err
+		}
+		b.network = fmt.Sprintf("%v each way in front of PostgreSQL and Redis; a SELECT 1 round trip to PostgreSQL took %v through it (median of 51), %v without", o.latency, proxied.Round(time.Microsecond), direct.Round(time.Microsecond))
+		logf("simulated network: %s", b.network)
+	}
+	// openEnv opens the pools of one env on the network path named by key.
+	openEnv := func(key string, withPgx bool) (*env, error) {
+		db, err := b.pool(urls[key])
+		if err != nil {
+			return nil, err
+		}
+		rdb := rdbs[key]
+		e := &env{db: db, stmts: b.stmts, rdb: rdb, locks: redislock.New(rdb)}
+		if withPgx {
+			if e.pgx, err = b.pgxPool(urls[key]); err != nil {
+				db.Close()
+				return nil, err
+			}
+		}
+		return e, nil
+	}
+	closeEnv := func(e *env) {
+		e.db.Close()
+		if e.pgx != nil {
+			e.pgx.Close()
+		}
+	}
+	envs := map[string]*env{}
+	for key := range urls {
+		e, err := openEnv(key, true)
+		if err != nil {
+			return err
+		}
+		defer closeEnv(e)
+		envs[key] = e
 	}
 	start := time.Now()
-	for _, sc := range scenarios(o) {
-		if o.only != "" && !strings.Contains(sc.name, o.only) {
-			continue
-		}
-		logf("%s: %s, %d workers, hold %v (%d implementations)", sc.name, sc.via, sc.workers, sc.hold, len(sc.impls))
-		e := envs[sc.via]
-		var second *env
-		if sc.pools == 2 {
-			db2, err := b.pool(vias[sc.via])
-			if err != nil {
-				return err
+	for _, sc := range selected {
+		pools := max(sc.pools, 1)
+		logf("%s: %s, %d workers in %d pool(s), hold %v (%d implementations)", sc.name, sc.via, sc.workers, pools, sc.hold, len(sc.impls))
+		key := sc.envKey()
+		es := []*env{envs[key]}
+		var err error
+		for len(es) < pools && err == nil {
+			var e *env
+			if e, err = openEnv(key, false); err == nil {
+				es = append(es, e)
 			}
-			second = &env{db: db2, rdb: b.rdb, locks: b.locks}
 		}
-		rs, err := b.measureGroup(sc, e, second)
-		if second != nil {
-			second.db.Close()
+		var rs []result
+		if err == nil {
+			rs, err = b.measureGroup(sc, es)
+		}
+		for _, e := range es[1:] {
+			closeEnv(e)
 		}
 		if err != nil {
 			return err
@@ -270,7 +379,7 @@ func run(o options) error {
 	if o.jsonOut {
 		printJSON(os.Stdout, b.results)
 	} else {
-		printTable(os.Stdout, b.results, o)
+		printTable(os.Stdout, b.results, o, b.network)
 	}
 	if o.svgPath != "" {
 		if err := os.WriteFile(o.svgPath, []byte(chart(b.results)), 0o644); err != nil {
@@ -290,41 +399,69 @@ type scenario struct {
 	workers int
 	hold    time.Duration
 	keys    int  // 0: random rows of all; 1: one key; n: n keys
-	pools   int  // 2: split the workers over two pools (two "processes")
+	pools   int  // n > 1: split the workers over n pools (n "processes"), worker i in pool i mod n
+	network bool // through the simulated network (the name ends in -network)
 	fn      work // the guarded work
 	impls   []impl
 }
 
+// envKey names the network path of the scenario's pools.
+func (sc scenario) envKey() string {
+	if sc.network {
+		return sc.via + "+network"
+	}
+	return sc.via
+}
+
 // guarded work
-func updateRow(ctx context.Context, tx *sql.Tx, id int) error {
-	_, err := tx.ExecContext(ctx, `/*fn*/ UPDATE bench_rows SET n = n + 1 WHERE id = $1`, id)
+const (
+	updateSQL = `/*fn*/ UPDATE bench_rows SET n = n + 1 WHERE id = $1`
+	selectSQL = `/*fn*/ SELECT n FROM bench_rows WHERE id = $1`
+)
+
+func updateSQLTx(ctx context.Context, tx *sql.Tx, id int) error {
+	_, err := tx.ExecContext(ctx, updateSQL, id)
 	return err
 }
 
-func selectRow(ctx context.Context, tx *sql.Tx, id int) error {
-	var n int64
-	return tx.QueryRowContext(ctx, `/*fn*/ SELECT n FROM bench_rows WHERE id = $1`, id).Scan(&n)
+var updateRow = work{
+	sql: updateSQLTx,
+	pgx: func(ctx context.Context, q pgxQuerier, id int) error {
+		_, err := q.Exec(ctx, updateSQL, id)
+		return err
+	},
+}
+
+var selectRow = work{
+	sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+		var n int64
+		return tx.QueryRowContext(ctx, selectSQL, id).Scan(&n)
+	},
+	pgx: func(ctx context.Context, q pgxQuerier, id int) error {
+		var n int64
+		return q.QueryRow(ctx, selectSQL, id).Scan(&n)
+	},
 }
 
 func holdFor(d time.Duration) work {
-	return func(ctx context.Context, tx *sql.Tx, id int) error {
+	return work{sql: func(ctx context.Context, tx *sql.Tx, id int) error {
 		if d > 0 {
 			time.Sleep(d)
 		}
 		return nil
-	}
+	}}
 }
 
 func updateAndHold(d time.Duration) work {
-	return func(ctx context.Context, tx *sql.Tx, id int) error {
-		if err := updateRow(ctx, tx, id); err != nil {
+	return work{sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+		if err := updateSQLTx(ctx, tx, id); err != nil {
 			return err
 		}
 		if d > 0 {
 			time.Sleep(d)
 		}
 		return nil
-	}
+	}}
 }
 
 func scenarios(o options) []scenario {
@@ -332,17 +469,16 @@ func scenarios(o options) []scenario {
 	// the comparison is of the designs, not of the constants.
 	rl := redisLock(time.Millisecond, 64*time.Millisecond)
 	var out []scenario
-	for _, via := range []string{"direct", "pgbouncer"} {
-		for _, f := range []struct {
-			name string
-			fn   work
-		}{{"uncontended-select", selectRow}, {"uncontended-update", updateRow}} {
-			impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, forUpdate, rl}
-			if via == "direct" {
-				impls = append(impls, sessionLock)
-			}
-			out = append(out, scenario{name: f.name, via: via, workers: 1, keys: 0, fn: f.fn, impls: impls})
+	uncontended := func(name, via string, network bool, fn work) scenario {
+		impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, plainTxBareLock,
+			plainPgx, plainPgxBareLockInBegin, forUpdate, rl}
+		if via == "direct" {
+			impls = append(impls, sessionLock)
 		}
+		return scenario{name: name, via: via, workers: 1, keys: 0, network: network, fn: fn, impls: impls}
+	}
+	for _, via := range []string{"direct", "pgbouncer"} {
+		out = append(out, uncontended("uncontended-select", via, false, selectRow), uncontended("uncontended-update", via, false, updateRow))
 	}
 	contended := append([]impl{txlockImpl("txlock"), blocking, pollHeldTx, rl}, txlockStrategies()...)
 	for _, via := range []string{"direct", "pgbouncer"} {
@@ -364,6 +500,20 @@ func scenarios(o options) []scenario {
 	fair := append([]impl{txlockImpl("txlock"), blocking, rl}, txlockStrategies()...)
 	fair = append(fair, txlockImpl("txlock/backoff-hold", txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Millisecond, Jitter: time.Millisecond})))
 	out = append(out, scenario{name: "two-pools", via: "direct", workers: 16, pools: 2, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
+	// A fleet: the same 16 workers on one key as 16 processes of one worker
+	// each, and as 4 of 4, directly and through PgBouncer.
+	for _, via := range []string{"direct", "pgbouncer"} {
+		for _, pools := range []int{16, 4} {
+			out = append(out, scenario{name: "fleet", via: via, workers: 16, pools: pools, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
+		}
+	}
+	// Across the simulated network, where round trips dominate.
+	if o.latency > 0 {
+		out = append(out,
+			uncontended("uncontended-select-network", "direct", true, selectRow),
+			uncontended("uncontended-update-network", "direct", true, updateRow),
+			scenario{name: "contended-network", via: "direct", workers: 16, hold: time.Millisecond, keys: 1, network: true, fn: holdFor(time.Millisecond), impls: contended})
+	}
 	return out
 }
 
@@ -385,13 +535,16 @@ type accum struct {
 	mallocs  uint64
 	errs     int64
 	firstErr error
-	perPool  [2]int64
+	perPool  []int64 // acquisitions within the measured time, by pool
 	// PgBouncer samples: server connections in use by non-holders.
 	samples, waiterConnsSum, waiterConnsMax, clWaitingMax int
 }
 
-func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
+func (b *bench) measureGroup(sc scenario, envs []*env) ([]result, error) {
 	accs := make([]accum, len(sc.impls))
+	for i := range accs {
+		accs[i].perPool = make([]int64, len(envs))
+	}
 	rounds := b.o.rounds
 	if sc.workers == 1 && !b.o.roundsSet {
 		// One worker's time per operation differs between implementations
@@ -407,7 +560,7 @@ func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 		if sc.via == "pgbouncer" && !im.pgbouncerSafe {
 			continue
 		}
-		if err := b.measure(sc, im, e, second, 50*time.Millisecond, &accum{}); err != nil {
+		if err := b.measure(sc, im, envs, 50*time.Millisecond, &accum{perPool: make([]int64, len(envs))}); err != nil {
 			return nil, fmt.Errorf("%s/%s/%s (warm-up): %w", sc.name, sc.via, im.name, err)
 		}
 	}
@@ -416,7 +569,7 @@ func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 			if sc.via == "pgbouncer" && !im.pgbouncerSafe {
 				continue
 			}
-			if err := b.measure(sc, im, e, second, per, &accs[i]); err != nil {
+			if err := b.measure(sc, im, envs, per, &accs[i]); err != nil {
 				return nil, fmt.Errorf("%s/%s/%s: %w", sc.name, sc.via, im.name, err)
 			}
 		}
@@ -431,8 +584,9 @@ func (b *bench) measureGroup(sc scenario, e, second *env) ([]result, error) {
 	return out, nil
 }
 
-// measure runs im for d with sc's workers and adds to a.
-func (b *bench) measure(sc scenario, im impl, e, second *env, d time.Duration, a *accum) error {
+// measure runs im for d with sc's workers, worker i on envs[i mod
+// len(envs)], and adds to a.
+func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *accum) error {
 	ctx := context.Background()
 	var stopFlag atomic.Bool
 	var holders atomic.Int64
@@ -441,7 +595,7 @@ func (b *bench) measure(sc scenario, im impl, e, second *env, d time.Duration, a
 	workers := make([]workerImpl, sc.workers)
 	if im.perWorker != nil {
 		for i := range workers {
-			w, err := im.perWorker(ctx, e)
+			w, err := im.perWorker(ctx, envs[i%len(envs)])
 			if err != nil {
 				return err
 			}
@@ -459,10 +613,8 @@ func (b *bench) measure(sc scenario, im impl, e, second *env, d time.Duration, a
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			we, pool := e, 0
-			if second != nil && wi%2 == 1 {
-				we, pool = second, 1
-			}
+			pool := wi % len(envs)
+			we := envs[pool]
 			var waits []time.Duration
 			var inWindow, total, errs int64
 			var firstErr error

@@ -16,7 +16,8 @@ type result struct {
 	Via               string   `json:"via"` // direct or pgbouncer
 	Impl              string   `json:"impl"`
 	Workers           int      `json:"workers"`
-	Keys              int      `json:"keys"` // 0: random rows of bench_rows
+	Pools             int      `json:"pools"` // the pools (processes) the workers are split over
+	Keys              int      `json:"keys"`  // 0: random rows of bench_rows
 	HoldMS            float64  `json:"hold_ms"`
 	Acquisitions      int64    `json:"acquisitions"`
 	Seconds           float64  `json:"seconds"`
@@ -29,14 +30,14 @@ type result struct {
 	WaiterConnsMax    *int     `json:"waiter_server_conns_max"` // max of the samples
 	ClWaitingMax      *int     `json:"cl_waiting_max"`          // clients queued in PgBouncer, max of the samples
 	AllocsPerOp       *float64 `json:"allocs_per_op"`           // process-wide mallocs per acquisition; one worker only
-	PoolShare         *float64 `json:"min_pool_share"`          // two-pools: the less served pool's share of acquisitions
+	PoolShare         *float64 `json:"min_pool_share"`          // more than one pool: the least served pool's share of acquisitions, times the pools (1: fair)
 	Errors            int64    `json:"errors"`
 	FirstError        string   `json:"first_error,omitempty"`
 }
 
 func summarize(sc scenario, im impl, a *accum) result {
 	r := result{
-		Scenario: sc.name, Via: sc.via, Impl: im.name, Workers: sc.workers, Keys: sc.keys,
+		Scenario: sc.name, Via: sc.via, Impl: im.name, Workers: sc.workers, Pools: max(sc.pools, 1), Keys: sc.keys,
 		HoldMS: float64(sc.hold) / float64(time.Millisecond), Acquisitions: a.inWindow,
 		Seconds: a.elapsed.Seconds(), Errors: a.errs,
 	}
@@ -61,12 +62,13 @@ func summarize(sc scenario, im impl, a *accum) result {
 		m := float64(a.waiterConnsSum) / float64(a.samples)
 		r.WaiterServerConns, r.WaiterConnsMax, r.ClWaitingMax = &m, &a.waiterConnsMax, &a.clWaitingMax
 	}
-	if sc.workers == 1 && a.total > 0 {
+	// Process-wide mallocs would count the in-process proxy's too.
+	if sc.workers == 1 && !sc.network && a.total > 0 {
 		v := float64(a.mallocs) / float64(a.total)
 		r.AllocsPerOp = &v
 	}
-	if sc.pools == 2 && a.inWindow > 0 {
-		v := 2 * float64(min(a.perPool[0], a.perPool[1])) / float64(a.inWindow)
+	if len(a.perPool) > 1 && a.inWindow > 0 {
+		v := float64(len(a.perPool)) * float64(slices.Min(a.perPool)) / float64(a.inWindow)
 		r.PoolShare = &v
 	}
 	return r
@@ -91,30 +93,39 @@ func baseline(scenario string) string {
 	}
 }
 
+// find returns the result of one implementation in one configuration of
+// one pool.
 func find(rs []result, scenario, via, impl string, workers int, hold float64) *result {
+	return findPools(rs, scenario, via, impl, workers, 1, hold)
+}
+
+func findPools(rs []result, scenario, via, impl string, workers, pools int, hold float64) *result {
 	for i := range rs {
 		r := &rs[i]
-		if r.Scenario == scenario && r.Via == via && r.Impl == impl && r.Workers == workers && r.HoldMS == hold {
+		if r.Scenario == scenario && r.Via == via && r.Impl == impl && r.Workers == workers && r.Pools == pools && r.HoldMS == hold {
 			return r
 		}
 	}
 	return nil
 }
 
-func printTable(w io.Writer, rs []result, o options) {
+func printTable(w io.Writer, rs []result, o options, network string) {
 	one := 4 * o.rounds
 	if o.roundsSet {
 		one = o.rounds
 	}
 	fmt.Fprintf(w, "Each row: %v of measurement in %d interleaved rounds (%d for one worker). Ratios are against the scenario's baseline in the same run.\n\n", o.dur, o.rounds, one)
+	if network != "" {
+		fmt.Fprintf(w, "Simulated network (the -network scenarios): %s.\n\n", network)
+	}
 	type group struct {
-		scenario, via string
-		workers       int
-		hold          float64
+		scenario, via  string
+		workers, pools int
+		hold           float64
 	}
 	var groups []group
 	for _, r := range rs {
-		g := group{r.Scenario, r.Via, r.Workers, r.HoldMS}
+		g := group{r.Scenario, r.Via, r.Workers, r.Pools, r.HoldMS}
 		if !slices.Contains(groups, g) {
 			groups = append(groups, g)
 		}
@@ -124,12 +135,12 @@ func printTable(w io.Writer, rs []result, o options) {
 		if g.scenario != scenario {
 			scenario = g.scenario
 			fmt.Fprintf(w, "\n### %s (ratio against %s)\n\n", scenario, baseline(scenario))
-			fmt.Fprintln(w, "| via | impl | workers | hold ms | acq/s | ratio | p50 wait ms | p99 wait ms | max wait ms | stmts/acq | waiter server conns (mean/max) | allocs/op | min pool share | errors |")
-			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+			fmt.Fprintln(w, "| via | impl | workers | pools | hold ms | acq/s | ratio | p50 wait ms | p99 wait ms | max wait ms | stmts/acq | waiter server conns (mean/max) | allocs/op | min pool share | errors |")
+			fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 		}
-		base := find(rs, g.scenario, g.via, baseline(g.scenario), g.workers, g.hold)
+		base := findPools(rs, g.scenario, g.via, baseline(g.scenario), g.workers, g.pools, g.hold)
 		for _, r := range rs {
-			if r.Scenario != g.scenario || r.Via != g.via || r.Workers != g.workers || r.HoldMS != g.hold {
+			if r.Scenario != g.scenario || r.Via != g.via || r.Workers != g.workers || r.Pools != g.pools || r.HoldMS != g.hold {
 				continue
 			}
 			ratio := "–"
@@ -148,8 +159,8 @@ func printTable(w io.Writer, rs []result, o options) {
 			if r.PoolShare != nil {
 				share = fmt.Sprintf("%.2f", *r.PoolShare)
 			}
-			fmt.Fprintf(w, "| %s | %s | %d | %g | %.0f | %s | %.2f | %.2f | %.2f | %.1f | %s | %s | %s | %d |\n",
-				r.Via, r.Impl, r.Workers, r.HoldMS, r.AcqPerS, ratio, r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS,
+			fmt.Fprintf(w, "| %s | %s | %d | %d | %g | %.0f | %s | %.2f | %.2f | %.2f | %.1f | %s | %s | %s | %d |\n",
+				r.Via, r.Impl, r.Workers, r.Pools, r.HoldMS, r.AcqPerS, ratio, r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS,
 				r.StmtsPerAcq, conns, allocs, share, r.Errors)
 		}
 	}
@@ -222,45 +233,182 @@ func printTargets(w io.Writer, rs []result) {
 			check("contended 16w 1ms: throughput "+im+" ÷ redislock+tx ≥ 1", via, v, v >= 1, "%.3f")
 		}
 	}
+	// The floors of issue #14: database/sql's (the plain transaction plus
+	// the bare lock function) and pgx's (the lock in BEGIN's round trip).
+	for _, sc := range []string{"uncontended-select", "uncontended-select-network", "uncontended-update", "uncontended-update-network"} {
+		fnName := "SELECT"
+		if strings.Contains(sc, "update") {
+			fnName = "UPDATE"
+		}
+		where := ""
+		if strings.HasSuffix(sc, "-network") {
+			where = ", network"
+		}
+		for _, via := range []string{"direct", "pgbouncer"} {
+			if find(rs, sc, via, "txlock", 1, 0) == nil {
+				continue
+			}
+			pre := "uncontended " + fnName + " fn" + where + ": time "
+			reference(pre+"txlock ÷ (plain tx + txlock's lock statement by hand, both read with Exec)", via, 1/ratio(sc, via, "txlock", "plain-tx+lock-stmt", 1, 0, tput))
+			v := 1 / ratio(sc, via, "txlock", "plain-tx+bare-lock", 1, 0, tput)
+			if fnName == "SELECT" && where == "" {
+				check(pre+"txlock ÷ (plain tx + bare pg_try_advisory_xact_lock by hand) ≤ 1.05", via, v, v <= 1.05, "%.3f")
+			} else {
+				reference(pre+"txlock ÷ (plain tx + bare pg_try_advisory_xact_lock by hand)", via, v)
+			}
+			v = 1 / ratio(sc, via, "txlock", "plain-tx", 1, 0, tput)
+			if fnName == "SELECT" && where != "" {
+				check(pre+"txlock ÷ plain tx ≤ 1.36", via, v, v <= 1.36, "%.3f")
+			} else if where != "" {
+				reference(pre+"txlock ÷ plain tx", via, v)
+			}
+			for _, im := range []string{"plain-tx+1rt", "plain-tx+lock-stmt", "plain-tx+bare-lock", "plain-pgx", "plain-pgx+bare-lock-in-begin"} {
+				if where == "" && (im == "plain-tx+1rt" || im == "plain-tx+lock-stmt") {
+					continue // printed above
+				}
+				reference(pre+im+" ÷ plain tx", via, 1/ratio(sc, via, im, "plain-tx", 1, 0, tput))
+			}
+			reference(pre+"plain-pgx+bare-lock-in-begin ÷ plain-pgx", via, 1/ratio(sc, via, "plain-pgx+bare-lock-in-begin", "plain-pgx", 1, 0, tput))
+			if where != "" {
+				v = ratio(sc, via, "txlock", "redislock+tx", 1, 0, tput)
+				if fnName == "UPDATE" {
+					check("uncontended UPDATE fn"+where+": throughput txlock ÷ redislock+tx ≥ 1.1", via, v, v >= 1.1, "%.3f")
+				} else {
+					reference("uncontended SELECT fn"+where+": throughput txlock ÷ redislock+tx", via, v)
+				}
+			}
+		}
+	}
+	// Across the simulated network, 16 workers of one process: no target,
+	// the same ratios as the contended targets for comparison.
+	for _, im := range []string{"txlock", "txlock/server-wait"} {
+		if find(rs, "contended-network", "direct", im, 16, 1) == nil {
+			continue
+		}
+		reference("contended 16w 1ms, network: throughput "+im+" ÷ blocking", "direct", ratio("contended-network", "direct", im, "pg-blocking", 16, 1, tput))
+		reference("contended 16w 1ms, network: p99 wait "+im+" ÷ blocking", "direct", ratio("contended-network", "direct", im, "pg-blocking", 16, 1, p99))
+	}
+	// A fleet: 16 pools of one worker, 4 of 4.
+	fleetRatio := func(via, a, b string, pools int, f func(*result) float64) float64 {
+		x, y := findPools(rs, "fleet", via, a, 16, pools, 1), findPools(rs, "fleet", via, b, 16, pools, 1)
+		if x == nil || y == nil || f(y) == 0 {
+			return math.NaN()
+		}
+		return f(x) / f(y)
+	}
+	for _, via := range []string{"direct", "pgbouncer"} {
+		for _, pools := range []int{16, 4} {
+			// The targets are the default strategy's; ServerWait's ratios
+			// are given beside them for comparison.
+			for _, im := range []string{"txlock", "txlock/server-wait"} {
+				r := findPools(rs, "fleet", via, im, 16, pools, 1)
+				if r == nil {
+					continue
+				}
+				pre := fmt.Sprintf("fleet %d×%d 1ms: ", pools, 16/pools)
+				v := fleetRatio(via, im, "pg-blocking", pools, tput)
+				u := fleetRatio(via, im, "pg-blocking", pools, p99)
+				if im == "txlock" {
+					check(pre+"throughput "+im+" ÷ blocking ≥ 0.9", via, v, v >= 0.9, "%.3f")
+					check(pre+"p99 wait "+im+" ÷ blocking ≤ 2", via, u, u <= 2, "%.3f")
+					if r.PoolShare != nil {
+						check(pre+im+" min pool share ≥ 0.9", via, *r.PoolShare, *r.PoolShare >= 0.9, "%.2f")
+					}
+				} else {
+					reference(pre+"throughput "+im+" ÷ blocking", via, v)
+					reference(pre+"p99 wait "+im+" ÷ blocking", via, u)
+					if r.PoolShare != nil {
+						reference(pre+im+" min pool share", via, *r.PoolShare)
+					}
+				}
+				if r.WaiterServerConns != nil {
+					fmt.Fprintf(w, "| %s%s waiters' server connections (mean / max of samples) | %s | %.2f / %d | (judged by tests, not by this number) |\n", pre, im, via, *r.WaiterServerConns, *r.WaiterConnsMax)
+				}
+			}
+			if r := findPools(rs, "fleet", via, "pg-blocking", 16, pools, 1); r != nil && r.WaiterServerConns != nil {
+				fmt.Fprintf(w, "| fleet %d×%d 1ms: pg-blocking waiters' server connections (mean / max of samples) | %s | %.2f / %d | (reference) |\n", pools, 16/pools, via, *r.WaiterServerConns, *r.WaiterConnsMax)
+			}
+		}
+	}
 	if a, b := find(rs, "uncontended-select", "direct", "txlock", 1, 0), find(rs, "uncontended-select", "direct", "plain-tx", 1, 0); a != nil && b != nil && a.AllocsPerOp != nil && b.AllocsPerOp != nil {
 		d := *a.AllocsPerOp - *b.AllocsPerOp
 		check("uncontended: allocations txlock − plain tx ≤ 10 (process-wide; see go test -bench for the exact figure)", "direct", d, d <= 10, "%.1f")
 	}
 }
 
-// chart draws throughput and p99 wait against workers, one line per
-// implementation, for the contended scenario (direct, 1 ms hold).
+// chart draws, for one key and a 1 ms hold, directly: throughput and p99
+// wait against workers in one process (the contended scenario), and below,
+// throughput, p99 wait and the least served pool's share against the pools
+// that 16 workers are split over (contended is 1 pool, two-pools 2, fleet 4
+// and 16), one line per implementation.
 func chart(rs []result) string {
 	const via, hold = "direct", 1.0
 	var impls []string
-	var workers []int
-	for _, r := range rs {
-		if r.Scenario != "contended" || r.Via != via || r.HoldMS != hold {
-			continue
-		}
+	addImpl := func(r *result) {
 		if !slices.Contains(impls, r.Impl) {
 			impls = append(impls, r.Impl)
 		}
-		if !slices.Contains(workers, r.Workers) {
-			workers = append(workers, r.Workers)
+	}
+	// row 1: workers of one pool
+	var workers []int
+	for i := range rs {
+		r := &rs[i]
+		if r.Scenario == "contended" && r.Via == via && r.HoldMS == hold {
+			addImpl(r)
+			if !slices.Contains(workers, r.Workers) {
+				workers = append(workers, r.Workers)
+			}
 		}
 	}
 	slices.Sort(workers)
+	// row 2: 16 workers split over pools
+	splitScenario := func(pools int) string {
+		switch pools {
+		case 1:
+			return "contended"
+		case 2:
+			return "two-pools"
+		default:
+			return "fleet"
+		}
+	}
+	var pools []int
+	hasFleet := slices.ContainsFunc(rs, func(r result) bool { return r.Scenario == "fleet" && r.Via == via })
+	for i := range rs {
+		r := &rs[i]
+		if hasFleet && r.Workers == 16 && r.Via == via && r.HoldMS == hold && r.Scenario == splitScenario(r.Pools) {
+			addImpl(r)
+			if !slices.Contains(pools, r.Pools) {
+				pools = append(pools, r.Pools)
+			}
+		}
+	}
+	slices.Sort(pools)
 	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
+	color := func(im string) string { return colors[slices.Index(impls, im)%len(colors)] }
 	const pw, ph, left, top, gap = 420.0, 300.0, 70.0, 40.0, 110.0
+	const rowH = ph + 90
+	rows := 1.0
+	if len(pools) > 1 {
+		rows = 2
+	}
 	legendH := 18.0 * float64(len(impls))
-	width, height := left+2*pw+gap+40, top+ph+60+legendH
+	width, height := left+2*pw+gap+40, top+rows*rowH+30+legendH
 	var sb strings.Builder
 	fmt.Fprintf(&sb, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f" font-family="sans-serif" font-size="12">`+"\n", width, height)
 	fmt.Fprintf(&sb, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
-	panel := func(x0 float64, title, ylabel string, value func(*result) float64, logY bool) {
+	// panel draws one chart at (x0, y0) of width w: value of each
+	// implementation's point(im, x) against xs, labelled xlabel.
+	panel := func(x0, y0, w float64, title, ylabel, xlabel string, xs []int, point func(im string, x int) *result, value func(*result) float64, logY bool) {
 		var maxV, minV float64 = 0, math.Inf(1)
-		for _, r := range rs {
-			if r.Scenario == "contended" && r.Via == via && r.HoldMS == hold {
-				v := value(&r)
-				maxV = max(maxV, v)
-				if v > 0 {
-					minV = min(minV, v)
+		for _, im := range impls {
+			for _, xv := range xs {
+				if r := point(im, xv); r != nil {
+					v := value(r)
+					maxV = max(maxV, v)
+					if v > 0 {
+						minV = min(minV, v)
+					}
 				}
 			}
 		}
@@ -278,42 +426,49 @@ func chart(rs []result) string {
 			if logY {
 				v = math.Log10(max(v, math.Pow(10, lo)))
 			}
-			return top + ph - (v-lo)/(hi-lo)*ph
+			return y0 + ph - (v-lo)/(hi-lo)*ph
 		}
 		x := func(i int) float64 {
-			if len(workers) < 2 {
-				return x0 + pw/2
+			if len(xs) < 2 {
+				return x0 + w/2
 			}
-			return x0 + 20 + float64(i)/float64(len(workers)-1)*(pw-40)
+			return x0 + 20 + float64(i)/float64(len(xs)-1)*(w-40)
 		}
-		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">%s</text>`+"\n", x0, top-15, title)
-		fmt.Fprintf(&sb, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, top, pw, ph)
+		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" font-size="14" font-weight="bold">%s</text>`+"\n", x0, y0-15, title)
+		fmt.Fprintf(&sb, `<rect x="%.0f" y="%.0f" width="%.0f" height="%.0f" fill="none" stroke="#333"/>`+"\n", x0, y0, w, ph)
 		// grid and y labels
 		if logY {
 			for e := lo; e <= hi; e++ {
 				fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%g</text>`+"\n",
-					x0, x0+pw, y(math.Pow(10, e)), y(math.Pow(10, e)), x0-5, y(math.Pow(10, e))+4, math.Pow(10, e))
+					x0, x0+w, y(math.Pow(10, e)), y(math.Pow(10, e)), x0-5, y(math.Pow(10, e))+4, math.Pow(10, e))
 			}
 		} else {
 			for i := 0; i <= 5; i++ {
 				v := hi * float64(i) / 5
-				fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%.0f</text>`+"\n",
-					x0, x0+pw, y(v), y(v), x0-5, y(v)+4, v)
+				label := fmt.Sprintf("%.0f", v)
+				if hi < 10 {
+					label = fmt.Sprintf("%.1f", v)
+				}
+				fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" stroke="#ddd"/><text x="%.0f" y="%.1f" text-anchor="end">%s</text>`+"\n",
+					x0, x0+w, y(v), y(v), x0-5, y(v)+4, label)
 			}
 		}
-		fmt.Fprintf(&sb, `<text transform="translate(%.0f,%.0f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", x0-50, top+ph/2, ylabel)
-		for i, wk := range workers {
-			fmt.Fprintf(&sb, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`+"\n", x(i), top+ph+16, wk)
+		fmt.Fprintf(&sb, `<text transform="translate(%.0f,%.0f) rotate(-90)" text-anchor="middle">%s</text>`+"\n", x0-50, y0+ph/2, ylabel)
+		for i, xv := range xs {
+			fmt.Fprintf(&sb, `<text x="%.1f" y="%.0f" text-anchor="middle">%d</text>`+"\n", x(i), y0+ph+16, xv)
 		}
-		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" text-anchor="middle">workers (1 key, %g ms hold, %s)</text>`+"\n", x0+pw/2, top+ph+34, hold, via)
-		for k, im := range impls {
+		fmt.Fprintf(&sb, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x0+w/2, y0+ph+34, xlabel)
+		for _, im := range impls {
 			var pts []string
-			for i, wk := range workers {
-				if r := find(rs, "contended", via, im, wk, hold); r != nil {
+			for i, xv := range xs {
+				if r := point(im, xv); r != nil {
 					pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(value(r))))
 				}
 			}
-			c := colors[k%len(colors)]
+			if len(pts) == 0 {
+				continue
+			}
+			c := color(im)
 			fmt.Fprintf(&sb, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", c, strings.Join(pts, " "))
 			for _, p := range pts {
 				xy := strings.Split(p, ",")
@@ -321,11 +476,32 @@ func chart(rs []result) string {
 			}
 		}
 	}
-	panel(left, "Throughput", "acquisitions per second", func(r *result) float64 { return r.AcqPerS }, false)
-	panel(left+pw+gap, "p99 wait (log scale)", "p99 wait, ms", func(r *result) float64 { return r.P99WaitMS }, true)
+	tput := func(r *result) float64 { return r.AcqPerS }
+	p99 := func(r *result) float64 { return r.P99WaitMS }
+	byWorkers := func(im string, wk int) *result { return find(rs, "contended", via, im, wk, hold) }
+	xl := fmt.Sprintf("workers (1 key, %g ms hold, %s)", hold, via)
+	panel(left, top, pw, "Throughput", "acquisitions per second", xl, workers, byWorkers, tput, false)
+	panel(left+pw+gap, top, pw, "p99 wait (log scale)", "p99 wait, ms", xl, workers, byWorkers, p99, true)
+	yLegend := top + rowH
+	if len(pools) > 1 {
+		byPools := func(im string, n int) *result { return findPools(rs, splitScenario(n), via, im, 16, n, hold) }
+		share := func(r *result) float64 {
+			if r.PoolShare == nil {
+				return 1 // one pool has all of it
+			}
+			return *r.PoolShare
+		}
+		y0 := top + rowH
+		w3 := (2*pw + gap - 2*75) / 3
+		xl := "pools of 16 workers (1 key, 1 ms, direct)"
+		panel(left, y0, w3, "A fleet: throughput", "acquisitions per second", xl, pools, byPools, tput, false)
+		panel(left+w3+75, y0, w3, "p99 wait (log scale)", "p99 wait, ms", xl, pools, byPools, p99, true)
+		panel(left+2*(w3+75), y0, w3, "least served pool's share", "min pool share (1: fair)", xl, pools, byPools, share, false)
+		yLegend += rowH
+	}
 	for k, im := range impls {
-		yy := top + ph + 55 + 18*float64(k)
-		c := colors[k%len(colors)]
+		yy := yLegend - 25 + 18*float64(k)
+		c := color(im)
 		fmt.Fprintf(&sb, `<line x1="%.0f" x2="%.0f" y1="%.0f" y2="%.0f" stroke="%s" stroke-width="3"/><text x="%.0f" y="%.0f">%s</text>`+"\n",
 			left, left+24, yy-4, yy-4, c, left+30, yy, im)
 	}

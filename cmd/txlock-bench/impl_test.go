@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+// testEnv opens an env of one connection per pool on url.
+func testEnv(t *testing.T, url string) *env {
+	t.Helper()
+	b := &bench{stmts: &counter{}}
+	db, err := b.pool(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.SetMaxOpenConns(1)
+	t.Cleanup(func() { db.Close() })
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return &env{db: db, pgx: p, stmts: b.stmts}
+}
+
+const heldLocksSQL = `SELECT (SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), pg_catalog.pg_backend_pid()`
+
+// heldLocks is a fn that reports how many advisory locks its own backend
+// holds, and under which backend pid.
+func heldLocks(n, pid *int) work {
+	return work{
+		sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+			return tx.QueryRowContext(ctx, heldLocksSQL).Scan(n, pid)
+		},
+		pgx: func(ctx context.Context, q pgxQuerier, id int) error {
+			return q.QueryRow(ctx, heldLocksSQL).Scan(n, pid)
+		},
+	}
+}
+
+// connState returns the backend pid and transaction status of the
+// implementation's one connection, from the pool it uses.
+func connState(t *testing.T, e *env, im impl) (pid int, status byte) {
+	t.Helper()
+	ctx := context.Background()
+	if im.name == "plain-tx+bare-lock" {
+		c, err := e.db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Raw(func(dc any) error {
+			pc := dc.(*stdlib.Conn).Conn()
+			status = pc.PgConn().TxStatus()
+			return pc.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid)
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return pid, status
+	}
+	c, err := e.pgx.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	status = c.Conn().PgConn().TxStatus()
+	if err := c.QueryRow(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	return pid, status
+}
+
+// TestBareLockReferences checks the two references that try the bare lock
+// function once: granted, fn runs holding it and it is released at commit;
+// busy, they return errBusy without running fn, and roll back, keeping
+// their connection idle.
+func TestBareLockReferences(t *testing.T) {
+	url := pgtest.Postgres(t)
+	other, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	ctx := context.Background()
+	const id = 42
+	for _, im := range []impl{plainTxBareLock, plainPgxBareLockInBegin} {
+		t.Run(im.name, func(t *testing.T) {
+			e := testEnv(t, url)
+			var n, pid int
+			granted := 0
+			if err := im.run(ctx, e, id, heldLocks(&n, &pid), func() { granted++ }); err != nil {
+				t.Fatal(err)
+			}
+			if granted != 1 || n != 1 {
+				t.Fatalf("granted %d times, fn's backend held %d advisory locks; want 1 and 1", granted, n)
+			}
+			if p, status := connState(t, e, im); p != pid || status != 'I' {
+				t.Fatalf("after commit: backend %d in state %c, want %d idle", p, status, pid)
+			}
+			var left int
+			if err := other.QueryRowContext(ctx, `SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND objid::bigint = ($1::bigint & 4294967295) AND classid::bigint = ($1::bigint >> 32 & 4294967295)`, lockInt64(id)).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
+			if left != 0 {
+				t.Fatalf("%d advisory locks on the key after commit, want 0", left)
+			}
+
+			holder, err := other.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = holder.Rollback() }()
+			if _, err := holder.ExecContext(ctx, "SELECT pg_catalog.pg_advisory_xact_lock("+lockArgs(id)+")"); err != nil {
+				t.Fatal(err)
+			}
+			ran := false
+			busy := work{
+				sql: func(context.Context, *sql.Tx, int) error { ran = true; return nil },
+				pgx: func(context.Context, pgxQuerier, int) error { ran = true; return nil },
+			}
+			err = im.run(ctx, e, id, busy, func() { granted++ })
+			if !errors.Is(err, errBusy) || ran || granted != 1 {
+				t.Fatalf("with the lock held elsewhere: err %v, fn ran %v, granted %d times; want errBusy, false, 1", err, ran, granted)
+			}
+			if p, status := connState(t, e, im); p != pid || status != 'I' {
+				t.Fatalf("after a busy try: backend %d in state %c, want %d idle (rolled back, connection kept)", p, status, pid)
+			}
+		})
+	}
+}
+
+// TestSimulatedNetwork checks that the proxy delays a round trip by about
+// twice its latency.
+func TestSimulatedNetwork(t *testing.T) {
+	url := pgtest.Postgres(t)
+	addr, err := hostPort(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const latency = 500 * time.Microsecond
+	px, err := startProxy("test", addr, latency)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer px.close()
+	purl, err := viaProxy(url, px.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	direct, err := medianRoundTrip(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxied, err := medianRoundTrip(ctx, purl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("median round trip: %v direct, %v through the proxy with %v each way", direct, proxied, latency)
+	if extra := proxied - direct; extra < 2*latency || extra > 2*latency+2*time.Millisecond {
+		t.Fatalf("the proxy added %v to a round trip, want about %v", extra, 2*latency)
+	}
+}
