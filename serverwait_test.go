@@ -413,3 +413,24 @@ func TestServerWaitLocalQueue(t *testing.T) {
 	assert.GreaterOrEqual(t, min(first[0], first[1]), 2, "both pools are served early on: %v", order)
 	assert.Zero(t, txlock.Queues(), "queues are removed when empty")
 }
+
+// A ServerWait call whose wait ends while its statement waits in the server
+// (the window runs to the deadline) counts that statement as an attempt:
+// the timeout error never says it was not granted after 0 attempts.
+func TestServerWaitTimeoutCountsAttempt(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+	defer release()
+	for _, w := range []time.Duration{0, 10 * time.Second} { // the default window, and one longer than the wait
+		start := time.Now()
+		err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
+			return errors.New("fn ran while the key was held")
+		}, txlock.WithServerWait(txlock.ServerWait{Window: w}), txlock.WithTimeout(700*time.Millisecond))
+		var lte *txlock.LockTimeoutError
+		require.ErrorAs(t, err, &lte, "window %v", w)
+		t.Logf("window %v: %v after %v", w, err, time.Since(start).Round(time.Millisecond))
+		assert.GreaterOrEqual(t, lte.Attempts, 1, "window %v: the statement that waited in the server until the deadline is an attempt", w)
+		assert.GreaterOrEqual(t, lte.Waited, 600*time.Millisecond, "window %v", w)
+	}
+}

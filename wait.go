@@ -134,6 +134,15 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 			// that happens to arrive after the deadline stays what it is
 			// (and never triggers WithFailOpen).
 			if c.mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
+				if c.mode == inServer {
+					// The wait ended while the statement waited in the
+					// server: that window was an attempt, and found the
+					// lock busy for as long as it lasted.
+					lease.Attempts++
+					if ev.on() {
+						ev.emit(Event{Kind: Busy, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+					}
+				}
 				return timeout()
 			}
 			return failed(err)
