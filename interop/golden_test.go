@@ -2,6 +2,8 @@ package interop_test
 
 import (
 	"errors"
+	"hash/fnv"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,23 +44,40 @@ func TestHashtextGolden(t *testing.T) {
 		"nightly-report-job": -1906875880,
 	} {
 		assert.Equal(t, want, interop.Hashtext(s), "Hashtext(%q)", s)
-		assert.Equal(t, int64(want), int64Of(t, interop.SpringHashtext(s)), "SpringHashtext(%q)", s)
+		assert.Equal(t, int64(want), int64Of(t, interop.HashtextKey(s)), "HashtextKey(%q)", s)
 	}
 }
 
 // The golden values of FNV1a64 are the formula's, computed by
 //
 //	python3 -c 'import functools,sys;h=functools.reduce(lambda h,b:((h^b)*0x100000001b3)%2**64,sys.argv[1].encode(),0xcbf29ce484222325);print(h-2**64 if h>=2**63 else h)' NAME
+//
+// among them the published FNV-1a test vectors of "" (0xcbf29ce484222325),
+// "a" (0xaf63dc4c8601ec8c) and "foobar" (0x85944171f73967e8). Every value,
+// and the inputs of the Hashtext comparison, are also checked against Go's
+// hash/fnv, which implements the published FNV-1a.
 func TestFNV1a64Golden(t *testing.T) {
-	for s, want := range map[string]int64{
+	golden := map[string]int64{
 		"orders:42":          5475843843707809360,
 		"":                   -3750763034362895579,
+		"a":                  -5808556873153909620,
+		"foobar":             -8821353812377114648,
 		"x":                  -5808529385363204345,
 		"ünïcødé ✓":          3385065596025144359,
 		"😀 lock":             -7047429182888234353,
 		"nightly-report-job": 1722970673108097797,
-	} {
+	}
+	fnv64a := func(s string) int64 {
+		h := fnv.New64a()
+		h.Write([]byte(s))
+		return int64(h.Sum64())
+	}
+	for s, want := range golden {
 		assert.Equal(t, want, int64Of(t, interop.FNV1a64(s)), "FNV1a64(%q)", s)
+		assert.Equal(t, want, fnv64a(s), "hash/fnv of %q", s)
+	}
+	for _, s := range hashtextInputs() {
+		assert.Equal(t, fnv64a(s), int64Of(t, interop.FNV1a64(s)), "FNV1a64(%q)", s)
 	}
 }
 
@@ -117,41 +136,29 @@ func TestDistributedLockGolden(t *testing.T) {
 		"x":         {-251658241, -1},
 		"orders:42": {-540334498, 1558000740},
 	} {
-		k, err := interop.DistributedLock(s, false)
-		require.NoError(t, err, "DistributedLock(%q, false)", s)
-		assert.Equal(t, want, pairOf(t, k), "DistributedLock(%q, false)", s)
+		assert.Equal(t, want, pairOf(t, interop.DistributedLock(s, false)), "DistributedLock(%q, false)", s)
 	}
 	for s, want := range map[string]int64{
 		"nightly-report-job": -8279099796375110145,
 		"ünïcødé ✓":          265627734578422724,
 		"0123456789":         2363718883634621575, // 10 ASCII characters: one too many for the ASCII form
 	} {
-		_, err := interop.DistributedLock(s, false)
+		err := interop.DistributedLock(s, false).Err()
 		require.ErrorIs(t, err, txlock.ErrInvalidKey, "DistributedLock(%q, false)", s)
+		require.ErrorContains(t, err, "DistributedLock name "+strconv.Quote(s))
 		require.ErrorContains(t, err, "allowHashing is false")
-		k, err := interop.DistributedLock(s, true)
-		require.NoError(t, err, "DistributedLock(%q, true)", s)
-		assert.Equal(t, want, int64Of(t, k), "DistributedLock(%q, true)", s)
+		assert.Equal(t, want, int64Of(t, interop.DistributedLock(s, true)), "DistributedLock(%q, true)", s)
 	}
 	// The hex forms, which ToString produces and the constructor parses
 	// back, with or without hashing.
 	for _, allow := range []bool{false, true} {
-		k, err := interop.DistributedLock("7fffffffffffffff", allow)
-		require.NoError(t, err)
-		assert.Equal(t, int64(0x7fffffffffffffff), int64Of(t, k))
-		k, err = interop.DistributedLock("FFFFFFFFFFFFFFFE", allow)
-		require.NoError(t, err)
-		assert.Equal(t, int64(-2), int64Of(t, k))
-		k, err = interop.DistributedLock("ffffffff,0000002a", allow)
-		require.NoError(t, err)
-		assert.Equal(t, [2]int32{-1, 42}, pairOf(t, k))
+		assert.Equal(t, int64(0x7fffffffffffffff), int64Of(t, interop.DistributedLock("7fffffffffffffff", allow)))
+		assert.Equal(t, int64(-2), int64Of(t, interop.DistributedLock("FFFFFFFFFFFFFFFE", allow)))
+		assert.Equal(t, [2]int32{-1, 42}, pairOf(t, interop.DistributedLock("ffffffff,0000002a", allow)))
 	}
 	// Not hex: hashed, or refused.
-	k, err := interop.DistributedLock("ffffffff,0000002g", true)
-	require.NoError(t, err)
-	int64Of(t, k)
-	_, err = interop.DistributedLock("+fffffffffffffff", false)
-	require.ErrorIs(t, err, txlock.ErrInvalidKey)
+	int64Of(t, interop.DistributedLock("ffffffff,0000002g", true))
+	require.ErrorIs(t, interop.DistributedLock("+fffffffffffffff", false).Err(), txlock.ErrInvalidKey)
 }
 
 // The golden values of GolangMigrate are golang-migrate v4.20.1's own
@@ -218,8 +225,10 @@ func TestFlywayGolden(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	const notUTF8, withNUL = "a\xffb", "a\x00b"
 	for name, k := range map[string]txlock.Key{
-		"SpringHashtext(not UTF-8)":       interop.SpringHashtext(notUTF8),
-		"SpringHashtext(NUL)":             interop.SpringHashtext(withNUL),
+		"HashtextKey(not UTF-8)":          interop.HashtextKey(notUTF8),
+		"HashtextKey(NUL)":                interop.HashtextKey(withNUL),
+		"DistributedLock(not UTF-8)":      interop.DistributedLock(notUTF8, true),
+		"DistributedLock(to hash)":        interop.DistributedLock("nightly-report-job", false),
 		"FNV1a64(not UTF-8)":              interop.FNV1a64(notUTF8),
 		"DjangoPglock(empty)":             interop.DjangoPglock(""),
 		"DjangoPglock(not UTF-8)":         interop.DjangoPglock(notUTF8),
@@ -245,12 +254,10 @@ func TestBadInput(t *testing.T) {
 		}
 		t.Logf("%s: %v", name, err)
 	}
-	_, err := interop.DistributedLock(notUTF8, true)
-	require.ErrorIs(t, err, txlock.ErrInvalidKey)
-	require.True(t, strings.Contains(err.Error(), "UTF-8"), err.Error())
+	assert.ErrorContains(t, interop.DistributedLock(notUTF8, true).Err(), "UTF-8")
 	// Valid input that the tools accept is no error.
 	for name, k := range map[string]txlock.Key{
-		"SpringHashtext(empty)":   interop.SpringHashtext(""),
+		"HashtextKey(empty)":      interop.HashtextKey(""),
 		"FNV1a64(NUL)":            interop.FNV1a64(withNUL),
 		"WithAdvisoryLock(empty)": interop.WithAdvisoryLock("", 0),
 	} {

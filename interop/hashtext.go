@@ -97,18 +97,20 @@ func final(a, b, c uint32) (uint32, uint32, uint32) {
 	return a, b, c
 }
 
-// SpringHashtext returns the key of pg_try_advisory_xact_lock(hashtext(name)),
-// the lock a Spring service of the polling design takes (there is no public
-// source to cite; the statement is the one the service runs). hashtext
-// returns an int4, which PostgreSQL casts to bigint: the key is in the
-// bigint space (pg_locks objsubid 1), sign-extended, so a negative hash
-// shows classid 4294967295. It is a transaction lock, as txlock's.
+// HashtextKey returns the bigint key of pg_advisory_xact_lock(hashtext(name)),
+// the int4 sign-extended, as services that lock with
+// pg_try_advisory_xact_lock(hashtext(?)) take it: PostgreSQL casts
+// hashtext's int4 to bigint, so the key is in the bigint space (pg_locks
+// objsubid 1), and a negative hash shows classid 4294967295. That statement
+// takes a transaction lock, as txlock does. The key is Hashtext's, with its
+// limits; the tests take the lock with that statement on the server and
+// find this key in pg_locks.
 //
 // name is PostgreSQL text: one that is not valid UTF-8 or holds a NUL byte
 // gives a Key carrying the error. The empty name is valid.
-func SpringHashtext(name string) txlock.Key {
+func HashtextKey(name string) txlock.Key {
 	if bad(name, true) {
-		return invalid("SpringHashtext name", name)
+		return invalid("HashtextKey name", name)
 	}
 	return txlock.Int64Key(int64(Hashtext(name)))
 }

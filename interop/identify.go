@@ -14,12 +14,17 @@ type Hints struct {
 	// depend on it. Empty skips them.
 	Database string
 	// Names are lock names to try with every name-derived scheme: FNV1a64,
-	// SpringHashtext, DjangoPglock, WithAdvisoryLock (with any prefix) and
+	// HashtextKey, DjangoPglock, WithAdvisoryLock (with any prefix) and
 	// DistributedLock (with hashing allowed).
 	Names []string
 	// MigrateTables are "schema.table" candidates for golang-migrate, split
 	// at the first dot; one without a dot is a table in DefaultSchema.
 	// Empty means golang-migrate's default, public.schema_migrations.
+	// golang-migrate splits its x-migrations-table only when
+	// x-migrations-table-quoted is set (database/postgres/postgres.go): an
+	// unquoted x-migrations-table=app.migrations is the table
+	// "app.migrations" in current_schema(), which is the candidate
+	// "public.app.migrations" when that schema is public.
 	MigrateTables []string
 	// FlywayTables are "schema.table" candidates for Flyway's schema history
 	// table, read as MigrateTables. Empty means public.flyway_schema_history.
@@ -39,7 +44,7 @@ const (
 	ToolPrisma           = "prisma"
 	ToolFlyway           = "flyway"
 	ToolHashtext         = "hashtext"
-	ToolFNV1a64          = "fnv1a64"
+	ToolFNV1a64          = "FNV-1a"
 	ToolDjangoPglock     = "django-pglock"
 	ToolWithAdvisoryLock = "with_advisory_lock"
 	ToolDistributedLock  = "DistributedLock"
@@ -88,13 +93,12 @@ func identifyInt64(n int64, h Hints) (Match, bool) {
 	for _, name := range h.Names {
 		switch {
 		case is(FNV1a64(name)):
-			return Match{ToolFNV1a64, fmt.Sprintf("FNV-1a 64 lock %q", name)}, true
-		case is(SpringHashtext(name)):
+			return Match{ToolFNV1a64, fmt.Sprintf("FNV-1a lock %q (the 64-bit FNV-1a hash of the name)", name)}, true
+		case is(HashtextKey(name)):
 			return Match{ToolHashtext, fmt.Sprintf("hashtext lock %q (pg_advisory_xact_lock(hashtext(name)))", name)}, true
 		case is(DjangoPglock(name)):
 			return Match{ToolDjangoPglock, fmt.Sprintf("django-pglock: lock %q", name)}, true
-		}
-		if k, err := DistributedLock(name, true); err == nil && is(k) {
+		case is(DistributedLock(name, true)):
 			return Match{ToolDistributedLock, fmt.Sprintf("DistributedLock: lock %q", name)}, true
 		}
 	}
@@ -106,7 +110,7 @@ func identifyPair(a, b int32, h Hints) (Match, bool) {
 		if x, y, ok := WithAdvisoryLock(name, int64(b)).Pair(); ok && x == a && y == b {
 			return Match{ToolWithAdvisoryLock, fmt.Sprintf("with_advisory_lock: lock %q (prefix %d)", name, b)}, true
 		}
-		if k, err := DistributedLock(name, true); err == nil {
+		if k := DistributedLock(name, true); k.Err() == nil {
 			if x, y, ok := k.Pair(); ok && x == a && y == b {
 				return Match{ToolDistributedLock, fmt.Sprintf("DistributedLock: lock %q", name)}, true
 			}

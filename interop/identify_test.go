@@ -26,18 +26,23 @@ func TestIdentify(t *testing.T) {
 			interop.ToolGolangMigrate, `golang-migrate: migration lock of database "app" (migrate.versions)`},
 		{interop.GolangMigrate("app", "public", "versions"), interop.Hints{Database: "app", MigrateTables: []string{"versions"}},
 			interop.ToolGolangMigrate, `golang-migrate: migration lock of database "app" (public.versions)`},
+		// An unquoted x-migrations-table=app.migrations is the table
+		// "app.migrations" of current_schema(): the candidate is split at
+		// its first dot.
+		{interop.GolangMigrate("app", "public", "app.migrations"), interop.Hints{Database: "app", MigrateTables: []string{"public.app.migrations"}},
+			interop.ToolGolangMigrate, `golang-migrate: migration lock of database "app" (public.app.migrations)`},
 		{interop.RailsMigrations("app"), hints, interop.ToolRails, `Rails migrations: migration lock of database "app"`},
 		{interop.Flyway("", ""), interop.Hints{}, interop.ToolFlyway,
 			`Flyway: lock of schema history table "public"."flyway_schema_history"`},
 		{interop.Flyway("app", "history"), interop.Hints{FlywayTables: []string{"app.history"}}, interop.ToolFlyway,
 			`Flyway: lock of schema history table "app"."history"`},
-		{interop.FNV1a64("nightly-report-job"), hints, interop.ToolFNV1a64, `FNV-1a 64 lock "nightly-report-job"`},
-		{interop.SpringHashtext("orders:42"), hints, interop.ToolHashtext,
+		{interop.FNV1a64("nightly-report-job"), hints, interop.ToolFNV1a64, `FNV-1a lock "nightly-report-job" (the 64-bit FNV-1a hash of the name)`},
+		{interop.HashtextKey("orders:42"), hints, interop.ToolHashtext,
 			`hashtext lock "orders:42" (pg_advisory_xact_lock(hashtext(name)))`},
 		{interop.DjangoPglock("nightly-report-job"), hints, interop.ToolDjangoPglock, `django-pglock: lock "nightly-report-job"`},
 		{interop.WithAdvisoryLock("orders:42", 7), hints, interop.ToolWithAdvisoryLock, `with_advisory_lock: lock "orders:42" (prefix 7)`},
-		{must(interop.DistributedLock("orders:42", false)), hints, interop.ToolDistributedLock, `DistributedLock: lock "orders:42"`},
-		{must(interop.DistributedLock("nightly-report-job", true)), hints, interop.ToolDistributedLock, `DistributedLock: lock "nightly-report-job"`},
+		{interop.DistributedLock("orders:42", false), hints, interop.ToolDistributedLock, `DistributedLock: lock "orders:42"`},
+		{interop.DistributedLock("nightly-report-job", true), hints, interop.ToolDistributedLock, `DistributedLock: lock "nightly-report-job"`},
 	} {
 		m, ok := interop.Identify(c.key, c.hints)
 		require.True(t, ok, "Identify(%v, %+v)", c.key, c.hints)
@@ -57,6 +62,8 @@ func TestIdentifyNoMatch(t *testing.T) {
 		{"another database", interop.GolangMigrate("other", "", ""), hints},
 		{"no database given", interop.RailsMigrations("app"), interop.Hints{Names: hints.Names}},
 		{"another table", interop.GolangMigrate("app", "public", "versions"), hints},
+		{"a dotted table name given without its schema", interop.GolangMigrate("app", "public", "app.migrations"),
+			interop.Hints{Database: "app", MigrateTables: []string{"app.migrations"}}}, // schema app, table migrations
 		{"a name not given", interop.DjangoPglock("orders:43"), hints},
 		{"a pair whose halves are swapped", txlock.PairKey(0, 218055877), hints},
 		{"a with_advisory_lock pair with a negative second half", txlock.PairKey(218055877, -1), hints},

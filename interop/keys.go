@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -39,22 +38,24 @@ func invalidErr(what, s string) error {
 	}
 }
 
-// FNV1a64 returns the key of a .NET service of the session-lock design: the
-// 64-bit FNV-1a hash of the UTF-8 bytes of name (offset basis
-// 14695981039346656037, prime 1099511628211), read as a signed bigint, in the
-// bigint space (pg_locks objsubid 1), which the service takes as a session
-// lock (pg_advisory_lock). There is no public source: this is the service's
-// documented formula, and the golden values are the formula's, computed
-// here; that the service's code agrees could not be checked.
+// FNV1a64 returns the bigint key whose value is the 64-bit FNV-1a hash of
+// the UTF-8 name (offset basis 14695981039346656037, prime 1099511628211),
+// read as a signed bigint, in the bigint space (pg_locks objsubid 1). Its
+// golden values are the formula's, checked against Go's hash/fnv, which
+// implements the published FNV-1a.
 //
 // A name that is not valid UTF-8 gives a Key carrying the error.
 func FNV1a64(name string) txlock.Key {
 	if bad(name, false) {
 		return invalid("FNV1a64 name", name)
 	}
-	h := fnv.New64a()
-	h.Write([]byte(name))
-	return txlock.Int64Key(int64(h.Sum64()))
+	const offsetBasis, prime = 14695981039346656037, 1099511628211
+	h := uint64(offsetBasis)
+	for i := 0; i < len(name); i++ {
+		h ^= uint64(name[i])
+		h *= prime
+	}
+	return txlock.Int64Key(int64(h))
 }
 
 // DjangoPglock returns the key of django-pglock's pglock.advisory(name): the
@@ -113,35 +114,36 @@ func WithAdvisoryLock(name string, prefix int64) txlock.Key {
 //   - otherwise, only if allowHashing: the first 8 bytes of the SHA-1 of the
 //     UTF-8 name, read little-endian (HashString), in the bigint space.
 //
-// Any other name is an error matching txlock.ErrInvalidKey, as the library
-// throws a FormatException; so is a name that is not valid UTF-8. The
-// library takes a session lock (pg_advisory_lock, pg_try_advisory_lock) on a
-// connection of its own, or a transaction lock (pg_advisory_xact_lock)
-// inside a transaction: PostgresAdvisoryLock.CreateAcquireCommand. .NET
-// cannot run here: the golden values are this formula's, taken from the
-// source, not from the library.
-func DistributedLock(name string, allowHashing bool) (txlock.Key, error) {
+// Any other name, like a name that is not valid UTF-8, gives a Key carrying
+// an error matching txlock.ErrInvalidKey, as the library throws a
+// FormatException. The library takes a session lock (pg_advisory_lock,
+// pg_try_advisory_lock) on a connection of its own, or a transaction lock
+// (pg_advisory_xact_lock) inside a transaction:
+// PostgresAdvisoryLock.CreateAcquireCommand. .NET cannot run here: the
+// golden values are this formula's, taken from the source, not from the
+// library.
+func DistributedLock(name string, allowHashing bool) txlock.Key {
 	if !utf8.ValidString(name) {
-		return txlock.Key{}, invalid("DistributedLock name", name).Err()
+		return invalid("DistributedLock name", name)
 	}
 	if v, ok := distributedLockASCII(name); ok {
-		return txlock.PairKey(int32(v>>32), int32(v)), nil
+		return txlock.PairKey(int32(v>>32), int32(v))
 	}
 	if len(name) == 16 {
 		if v, err := strconv.ParseUint(name, 16, 64); err == nil && isHex(name) {
-			return txlock.Int64Key(int64(v)), nil
+			return txlock.Int64Key(int64(v))
 		}
 	}
 	if len(name) == 17 && name[8] == ',' && isHex(name[:8]) && isHex(name[9:]) {
 		a, _ := strconv.ParseUint(name[:8], 16, 32)
 		b, _ := strconv.ParseUint(name[9:], 16, 32)
-		return txlock.PairKey(int32(a), int32(b)), nil
+		return txlock.PairKey(int32(a), int32(b))
 	}
 	if !allowHashing {
-		return txlock.Key{}, fmt.Errorf("%w: DistributedLock name %q is not 0 to 9 ASCII characters, 16 hex digits or 8 hex digits, a comma and 8 hex digits, and allowHashing is false", txlock.ErrInvalidKey, shorten(name))
+		return txlock.InvalidKey(fmt.Errorf("interop: DistributedLock name %q is not 0 to 9 ASCII characters, 16 hex digits or 8 hex digits, a comma and 8 hex digits, and allowHashing is false", shorten(name)))
 	}
 	sum := sha1.Sum([]byte(name))
-	return txlock.Int64Key(int64(binary.LittleEndian.Uint64(sum[:8]))), nil
+	return txlock.Int64Key(int64(binary.LittleEndian.Uint64(sum[:8])))
 }
 
 // distributedLockASCII is PostgresAdvisoryLockKey.TryEncodeAscii. .NET

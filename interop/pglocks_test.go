@@ -43,11 +43,11 @@ func TestToolLocksInPgLocks(t *testing.T) {
 		hints interop.Hints
 		tool  string
 	}{
-		{"Spring hashtext", true, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, []any{"orders:42"},
-			interop.SpringHashtext("orders:42"), interop.Hints{Names: []string{"orders:42"}}, interop.ToolHashtext},
-		{"Spring hashtext, positive", true, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, []any{"a"},
-			interop.SpringHashtext("a"), interop.Hints{Names: []string{"a"}}, interop.ToolHashtext},
-		{".NET FNV-1a", false, `SELECT pg_advisory_lock($1)`, []any{int64(5475843843707809360)},
+		{"hashtext", true, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, []any{"orders:42"},
+			interop.HashtextKey("orders:42"), interop.Hints{Names: []string{"orders:42"}}, interop.ToolHashtext},
+		{"hashtext, positive", true, `SELECT pg_try_advisory_xact_lock(hashtext($1))`, []any{"a"},
+			interop.HashtextKey("a"), interop.Hints{Names: []string{"a"}}, interop.ToolHashtext},
+		{"FNV-1a, session lock", false, `SELECT pg_advisory_lock($1)`, []any{int64(5475843843707809360)},
 			interop.FNV1a64("orders:42"), interop.Hints{Names: []string{"orders:42"}}, interop.ToolFNV1a64},
 		{"django-pglock", false, `SELECT pg_advisory_lock(-823873513912961882)`, nil,
 			interop.DjangoPglock("ünïcødé ✓"), interop.Hints{Names: []string{"x", "ünïcødé ✓"}}, interop.ToolDjangoPglock},
@@ -56,9 +56,9 @@ func TestToolLocksInPgLocks(t *testing.T) {
 		{"with_advisory_lock", false, `SELECT pg_try_advisory_lock(218055877,42) AS t0123abcd /* orders:42 */`, nil,
 			interop.WithAdvisoryLock("orders:42", 42), interop.Hints{Names: []string{"orders:42"}}, interop.ToolWithAdvisoryLock},
 		{"DistributedLock ASCII", false, `SELECT pg_catalog.pg_advisory_lock($1, $2) AS result`, []any{int32(-540334498), int32(1558000740)},
-			must(interop.DistributedLock("orders:42", false)), interop.Hints{Names: []string{"orders:42"}}, interop.ToolDistributedLock},
+			interop.DistributedLock("orders:42", false), interop.Hints{Names: []string{"orders:42"}}, interop.ToolDistributedLock},
 		{"DistributedLock hashed", true, `SELECT pg_catalog.pg_advisory_xact_lock($1) AS result`, []any{int64(-8279099796375110145)},
-			must(interop.DistributedLock("nightly-report-job", true)), interop.Hints{Names: []string{"nightly-report-job"}}, interop.ToolDistributedLock},
+			interop.DistributedLock("nightly-report-job", true), interop.Hints{Names: []string{"nightly-report-job"}}, interop.ToolDistributedLock},
 		{"golang-migrate", false, `SELECT pg_advisory_lock($1)`, []any{"1787120056"},
 			interop.GolangMigrate("app", "", ""), interop.Hints{Database: "app"}, interop.ToolGolangMigrate},
 		{"golang-migrate, own table", false, `SELECT pg_advisory_lock($1)`, []any{"3825207687"},
@@ -131,11 +131,4 @@ func TestToolLocksInPgLocks(t *testing.T) {
 			assert.True(t, acquired && ran, "txlock did not get %v after the tool released it", c.key)
 		})
 	}
-}
-
-func must(k txlock.Key, err error) txlock.Key {
-	if err != nil {
-		panic(err)
-	}
-	return k
 }

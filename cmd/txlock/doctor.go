@@ -147,9 +147,11 @@ func (d *doctor) report(e *env) int {
 		if e.colour {
 			mark = colour + mark + reset
 		}
-		fmt.Fprintf(e.stdout, "%s %-*s  %s\n", mark, width, c.name, c.detail)
+		// Details quote the server (its version, search_path, errors):
+		// visible keeps its control characters off the terminal.
+		fmt.Fprintf(e.stdout, "%s %-*s  %s\n", mark, width, c.name, visible(c.detail))
 		if c.fix != "" {
-			fmt.Fprintf(e.stdout, "  %-*s  fix: %s\n", width, "", c.fix)
+			fmt.Fprintf(e.stdout, "  %-*s  fix: %s\n", width, "", visible(c.fix))
 		}
 	}
 	if failed > 0 {
@@ -378,8 +380,9 @@ func (d *doctor) execMode(ctx context.Context) {
 		why = append(why, fmt.Sprintf("the server listens on port %d, the URL says %d", p.Int64, d.cfg.Port))
 	}
 	probeErr := d.probe(ctx)
-	if probeErr != nil {
-		why = append(why, "a parameterized query failed on the second connection")
+	var failed *probeError
+	if errors.As(probeErr, &failed) {
+		why = append(why, fmt.Sprintf("a parameterized query failed on the %s connection (query %d of %d, alternating between two)", failed.conn, failed.query, probeQueries))
 	}
 	pooler := "no pooler seen"
 	if len(why) > 0 {
@@ -398,10 +401,25 @@ func (d *doctor) execMode(ctx context.Context) {
 	}
 }
 
+// probeQueries is how many queries probe runs, alternately on its two
+// connections.
+const probeQueries = 6
+
+// probeError is a probe query that failed: the connection it ran on (first
+// or second) and its number, from 1.
+type probeError struct {
+	conn  string
+	query int
+	err   error
+}
+
+func (e *probeError) Error() string { return e.err.Error() }
+func (e *probeError) Unwrap() error { return e.err }
+
 // probe runs one parameterized query, in the URL's exec mode, on two
 // connections in turn. Its text is new to every run, so that the statement
 // it may leave prepared on a pooler's server connections never meets
-// another client's.
+// another client's. A failed query is a *probeError.
 func (d *doctor) probe(ctx context.Context) error {
 	cfg := d.cfg.Copy()
 	if cfg.RuntimeParams["application_name"] == "" {
@@ -425,10 +443,10 @@ func (d *doctor) probe(ctx context.Context) error {
 		}
 		conns = append(conns, c)
 	}
-	for i := range 6 {
+	for i := range probeQueries {
 		var n int
 		if err := conns[i%2].QueryRowContext(ctx, q, i).Scan(&n); err != nil {
-			return err
+			return &probeError{conn: [2]string{"first", "second"}[i%2], query: i + 1, err: err}
 		}
 		if n != i {
 			return fmt.Errorf("the probe query returned %d for %d", n, i)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -87,7 +88,13 @@ func TestDoctorPgBouncer(t *testing.T) {
 	t.Log("\n" + r.stdout)
 	assert.Equal(t, 1, r.code, "%+v", r)
 	assert.Equal(t, []string{"exec mode"}, failing(marks(t, r.stdout)))
-	assert.Regexp(t, `(?m)^✗ exec mode +cache_statement fails here \(a pooler is likely: .*a parameterized query failed on the second connection\): .*SQLSTATE (42P05|26000)`, r.stdout)
+	assert.Regexp(t, `(?m)^✗ exec mode +cache_statement fails here \(a pooler is likely: .*a parameterized query failed on the (first|second) connection \(query [1-6] of 6, alternating between two\)\): .*SQLSTATE (42P05|26000)`, r.stdout)
+	// The connection named is the one the failed query ran on: the odd
+	// queries run on the first, the even ones on the second.
+	if m := regexp.MustCompile(`failed on the (first|second) connection \(query ([1-6]) of 6`).FindStringSubmatch(r.stdout); assert.NotNil(t, m) {
+		n, _ := strconv.Atoi(m[2])
+		assert.Equal(t, map[bool]string{true: "first", false: "second"}[n%2 == 1], m[1], m[0])
+	}
 	assert.Regexp(t, `(?m)^ +fix: add default_query_exec_mode=exec to the URL`, r.stdout)
 	assert.Contains(t, r.stdout, "1 of 8 checks failed")
 }
@@ -120,6 +127,17 @@ func TestDoctorSearchPath(t *testing.T) {
 	assert.Equal(t, "✓", m["advisory locks"], "doctor's own lock calls are qualified, so the shadow does not fool them")
 	assert.Regexp(t, `(?m)^✗ search_path +`+schema+`,pg_catalog puts `+schema+` before pg_catalog: .*; it shadows pg_try_advisory_xact_lock$`, r.stdout)
 	assert.Regexp(t, `(?m)^ +fix: list pg_catalog first: search_path=pg_catalog,`+schema+` `, r.stdout)
+
+	// A schema name that holds terminal escapes reaches the terminal
+	// escaped.
+	escSchema := "e\x1b[2Jvil_" + randomName("")
+	_, err = db.Exec(`CREATE SCHEMA "` + escSchema + `"`)
+	require.NoError(t, err)
+	r = cli(t, "doctor", "--db", withParam(t, url, "search_path", `"`+escSchema+`",pg_catalog`))
+	t.Log("\n" + r.stdout)
+	assert.Equal(t, 1, r.code, "%+v", r)
+	assert.NotContains(t, r.stdout, "\x1b")
+	assert.Contains(t, r.stdout, `e\x1b[2Jvil_`)
 
 	// A schema of the path that does not exist is not searched: no cross.
 	r = cli(t, "doctor", "--db", withParam(t, url, "search_path", "nosuchschema,pg_catalog"))

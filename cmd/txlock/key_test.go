@@ -157,7 +157,14 @@ func TestKeySQLOnServer(t *testing.T) {
 	}
 
 	// The extremes, which no name in the cases gives, as numbers renders
-	// them.
+	// them: plain decimals, which the server reads as a bigint and an
+	// integer (as a numeric or a bigint, no advisory lock function would
+	// take them).
+	assert.Equal(t, "-9223372036854775808", numbers(txlock.Int64Key(math.MinInt64)))
+	assert.Equal(t, "-2147483648, 2147483647", numbers(txlock.PairKey(math.MinInt32, math.MaxInt32)))
+	var bigintType, intType string
+	require.NoError(t, db.QueryRow(`SELECT pg_typeof(-9223372036854775808)::text, pg_typeof(-2147483648)::text`).Scan(&bigintType, &intType))
+	assert.Equal(t, []string{"bigint", "integer"}, []string{bigintType, intType})
 	for _, k := range []txlock.Key{txlock.Int64Key(math.MinInt64), txlock.Int64Key(math.MaxInt64), txlock.PairKey(math.MinInt32, math.MaxInt32), txlock.PairKey(-1, math.MinInt32)} {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)

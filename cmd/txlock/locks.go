@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/interop"
@@ -23,15 +25,19 @@ Keys are shown by name wherever a name is known: keyspaces from --keyspace
 and from the keyspace registry (txlock.Registry), key names from --name
 (txlock.StringKey, and keys of every known keyspace), and the locks of other
 tools (golang-migrate, Prisma Migrate, Rails, Flyway, and with --name those of
-name-hashing lock libraries). Through PgBouncer, the client address is
-PgBouncer's. The query and client of other roles' sessions are shown only to
-superusers and members of pg_read_all_stats.`
+name-hashing lock libraries). A lock of a prepared transaction has no pid: it
+shows as prepared 'gid', with its owner and the time since it was prepared,
+until COMMIT PREPARED or ROLLBACK PREPARED ends it. Through PgBouncer, the
+client address is PgBouncer's. The query and client of other roles' sessions
+are shown only to superusers and members of pg_read_all_stats. Control
+characters of what the server returns are shown as escapes (\x1b).`
 
 // locksOpts are the flags of locks.
 type locksOpts struct {
 	db                                string
 	keyspaces, names, migrate, flyway stringList
 	registry                          string
+	registryGiven                     bool // --registry was on the command line
 	watch, json                       bool
 	interval                          time.Duration
 	queryWidth                        int
@@ -43,8 +49,8 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&o.db, "db", "", "PostgreSQL `URL` (default $DATABASE_URL)")
 	fs.Var(&o.keyspaces, "keyspace", "a keyspace `SERVICE` name to decode (repeatable)")
 	fs.Var(&o.names, "name", "a key `NAME` to decode, as a StringKey, in every known keyspace, and in other tools' name-hashing schemes (repeatable)")
-	fs.StringVar(&o.registry, "registry", txlock.DefaultRegistrySchema+"."+txlock.DefaultRegistryTable, "the keyspace registry `SCHEMA.TABLE` to read names from; empty to read none")
-	fs.Var(&o.migrate, "migrate-table", "golang-migrate's migrations `SCHEMA.TABLE`, if not public.schema_migrations (repeatable)")
+	fs.StringVar(&o.registry, "registry", txlock.DefaultRegistrySchema+"."+txlock.DefaultRegistryTable, "the keyspace registry `SCHEMA.TABLE` to read names from; empty to read none (a missing registry is warned about only when this flag is given)")
+	fs.Var(&o.migrate, "migrate-table", "golang-migrate's migrations `SCHEMA.TABLE`, if not public.schema_migrations, split at the first dot (repeatable); golang-migrate splits x-migrations-table only with x-migrations-table-quoted, so its unquoted x-migrations-table=app.migrations is the table \"app.migrations\" in current_schema(): give public.app.migrations")
 	fs.Var(&o.flyway, "flyway-table", "Flyway's schema history `SCHEMA.TABLE`, if not public.flyway_schema_history (repeatable)")
 	fs.BoolVar(&o.watch, "watch", false, "refresh the view every --interval until interrupted")
 	fs.DurationVar(&o.interval, "interval", 2*time.Second, "how often --watch refreshes")
@@ -69,6 +75,7 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 	if o.queryWidth < 1 {
 		return usageError(e, fs, "--query-width must be at least 1, got %d", o.queryWidth)
 	}
+	o.registryGiven = flagSet(fs, "registry")
 	var reg *txlock.Registry
 	if o.registry != "" {
 		schema, table, ok := strings.Cut(o.registry, ".")
@@ -104,7 +111,7 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 			if o.watch && ctx.Err() != nil {
 				return exitOK
 			}
-			fmt.Fprintf(e.stderr, "txlock locks: %s: %v\n", target, err)
+			fmt.Fprintf(e.stderr, "txlock locks: %s: %s\n", target, visible(err.Error()))
 			return exitFail
 		}
 		if !o.watch {
@@ -118,9 +125,10 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 	}
 }
 
-// lockRow is one row of pg_locks, with its session and its decoded key.
+// lockRow is one row of pg_locks, with its session, or its prepared
+// transaction, and its decoded key.
 type lockRow struct {
-	PID        int      `json:"pid"`
+	PID        *int     `json:"pid"`  // null for a prepared transaction's lock
 	Lock       string   `json:"lock"` // held or waiting
 	Mode       string   `json:"mode"` // pg_locks.mode: ExclusiveLock or ShareLock
 	Key        string   `json:"key"`  // bigint(n) or pair(a,b)
@@ -135,13 +143,28 @@ type lockRow struct {
 	ClientAddr string   `json:"client_addr,omitempty"`
 	ClientPort int      `json:"client_port,omitempty"`
 	State      string   `json:"state"`
-	XactAge    *float64 `json:"xact_age_seconds"` // null outside a transaction (a session lock)
-	WaitAge    *float64 `json:"wait_age_seconds"` // null for a held lock
-	WaitsFor   []int    `json:"waits_for"`        // the pids a waiter waits for (pg_blocking_pids)
-	Query      string   `json:"query"`
-	Database   string   `json:"database"`
-	At         string   `json:"at"` // when the frame was read, RFC 3339
-	key        txlock.Key
+	XactAge    *float64 `json:"xact_age_seconds"` // null outside a transaction (a session lock), and for a prepared transaction
+	// WaitAge is null for a held lock, and on PostgreSQL 14 and later also
+	// for a moment after a wait begins, until the waiter sets
+	// pg_locks.waitstart.
+	WaitAge  *float64 `json:"wait_age_seconds"`
+	WaitsFor []int    `json:"waits_for"` // the pids a waiter waits for (pg_blocking_pids), where 0 is a prepared transaction
+	// WaitsForPrepared are the gids of the prepared transactions that hold
+	// the key a waiter waits for, when WaitsFor holds a 0.
+	WaitsForPrepared []string      `json:"waits_for_prepared,omitempty"`
+	Prepared         *preparedXact `json:"prepared,omitempty"` // the prepared transaction that holds the lock
+	Query            string        `json:"query"`
+	Database         string        `json:"database"`
+	At               string        `json:"at"` // when the frame was read, RFC 3339
+	key              txlock.Key
+}
+
+// preparedXact is a prepared transaction (pg_prepared_xacts), which holds
+// its locks without a session until COMMIT PREPARED or ROLLBACK PREPARED.
+type preparedXact struct {
+	GID   string  `json:"gid"`
+	Owner string  `json:"owner"`
+	Age   float64 `json:"age_seconds"` // since PREPARE TRANSACTION
 }
 
 // locksFrame reads the locks once and prints them.
@@ -155,12 +178,16 @@ func locksFrame(ctx context.Context, e *env, db *sql.DB, target string, o *locks
 	var warn string
 	if reg != nil {
 		ks, err := reg.Keyspaces(ctx, db)
-		switch {
+		switch state := txlock.SQLState(err); {
 		case err == nil:
 			for _, k := range ks {
 				d.spaces[k.Namespace()] = k
 			}
-		case txlock.SQLState(err) == "42P01": // no registry: nothing to read
+		case state == "42P01" || state == "3F000": // undefined_table, invalid_schema_name
+			if o.registryGiven {
+				warn = fmt.Sprintf("the keyspace registry %s (--registry) does not exist: no keyspace is named from it (create it with txlock.Registry.Create, or give --registry= to read none)", registryName(reg))
+			}
+			// Without --registry, no registry at the default place: nothing to read.
 		default:
 			warn = fmt.Sprintf("keyspace registry not read: %v", err)
 		}
@@ -174,10 +201,10 @@ func locksFrame(ctx context.Context, e *env, db *sql.DB, target string, o *locks
 		rows[i].At = at.Format(time.RFC3339)
 		d.decode(&rows[i])
 	}
-	if warn != "" {
-		fmt.Fprintf(e.stderr, "txlock locks: %s\n", warn)
-	}
 	if o.json {
+		if warn != "" {
+			fmt.Fprintf(e.stderr, "txlock locks: %s\n", visible(warn))
+		}
 		enc := json.NewEncoder(e.stdout)
 		for _, r := range rows {
 			if err := enc.Encode(r); err != nil {
@@ -187,36 +214,70 @@ func locksFrame(ctx context.Context, e *env, db *sql.DB, target string, o *locks
 		return nil
 	}
 	if o.watch {
-		if e.colour {
+		if e.terminal {
 			fmt.Fprint(e.stdout, "\x1b[H\x1b[2J") // refresh in place
 		} else if frame > 0 {
 			fmt.Fprintln(e.stdout)
 		}
+		if warn != "" {
+			// A line of the frame: on stderr, the next redraw would wipe it.
+			fmt.Fprintf(e.stdout, "txlock locks: %s\n", visible(warn))
+		}
+	} else if warn != "" {
+		fmt.Fprintf(e.stderr, "txlock locks: %s\n", visible(warn))
 	}
 	writeLocks(e, rows, database, target, at, o.queryWidth)
 	return nil
 }
 
+// registryName is the schema-qualified name of r's table, quoted where it
+// needs to be.
+func registryName(r *txlock.Registry) string {
+	return quoteIdent(r.Schema) + "." + quoteIdent(r.Table)
+}
+
 // locksQuery reads the advisory locks of the current database, with their
-// sessions; %s is the wait start (pg_locks.waitstart from PostgreSQL 14,
-// the query's start before). It takes no parameters, and qualifies every
-// name, as the library's statements do.
-const locksQuery = `SELECT l.pid, l.granted, l.mode,
+// sessions or prepared transactions; %s is the wait start
+// (pg_locks.waitstart from PostgreSQL 14, the query's start before). Ages
+// are measured with clock_timestamp(), when the row is read: now() is the
+// start of this statement's transaction, which a wait or a transaction that
+// began since would precede. A lock of a prepared transaction has no pid;
+// the prepared transaction is the one whose transactionid lock has the
+// same virtualtransaction. pg_locks is read once, so that both come from
+// one view of the lock table. The query takes no parameters, and qualifies
+// every name and operator, as the library's statements do (IS DISTINCT FROM
+// would look = up through the search_path).
+const locksQuery = `WITH locks AS MATERIALIZED (SELECT * FROM pg_catalog.pg_locks)
+SELECT l.pid, l.granted, l.mode,
 	CAST(l.classid AS bigint), CAST(l.objid AS bigint), CAST(l.objsubid AS integer),
 	COALESCE(a.application_name, ''), COALESCE(pg_catalog.host(a.client_addr), ''),
 	COALESCE(a.client_port, 0), COALESCE(a.state, ''),
-	EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) a.xact_start),
-	CASE WHEN NOT l.granted THEN EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) %s) END,
+	EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) a.xact_start),
+	CASE WHEN NOT l.granted THEN EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) %s) END,
 	CASE WHEN NOT l.granted THEN pg_catalog.array_to_string(pg_catalog.pg_blocking_pids(l.pid), ',') ELSE '' END,
-	COALESCE(a.query, '')
-FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+	COALESCE(a.query, ''),
+	p.gid, CAST(p.owner AS pg_catalog.text), EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) p.prepared)
+FROM locks l
+	LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid OPERATOR(pg_catalog.=) l.pid
+	LEFT JOIN LATERAL (
+		SELECT px.gid, px.owner, px.prepared
+		FROM locks x JOIN pg_catalog.pg_prepared_xacts px ON px.transaction OPERATOR(pg_catalog.=) x.transactionid
+		WHERE l.pid IS NULL AND x.pid IS NULL AND x.locktype OPERATOR(pg_catalog.=) 'transactionid'
+			AND x.virtualtransaction OPERATOR(pg_catalog.=) l.virtualtransaction
+		LIMIT 1) p ON true
 WHERE l.locktype OPERATOR(pg_catalog.=) 'advisory'
 	AND l.database OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())
-	AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()`
+	AND COALESCE(l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid(), true)`
+
+// queryer is what readLocks reads through: a *sql.DB, or a *sql.Tx.
+type queryer interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+}
 
 // readLocks returns the advisory locks of the database db is connected to,
 // and its name.
-func readLocks(ctx context.Context, db *sql.DB) ([]lockRow, string, error) {
+func readLocks(ctx context.Context, db queryer) ([]lockRow, string, error) {
 	var version int
 	var database string
 	if err := db.QueryRowContext(ctx, `SELECT CAST(pg_catalog.current_setting('server_version_num') AS integer), pg_catalog.current_database()`).Scan(&version, &database); err != nil {
@@ -234,13 +295,22 @@ func readLocks(ctx context.Context, db *sql.DB) ([]lockRow, string, error) {
 	var out []lockRow
 	for q.Next() {
 		var r lockRow
+		var pid sql.NullInt64
 		var granted bool
 		var classid, objid int64
-		var xact, wait sql.NullFloat64
+		var xact, wait, prepAge sql.NullFloat64
 		var blocking string
-		if err := q.Scan(&r.PID, &granted, &r.Mode, &classid, &objid, &r.ObjSubID, &r.App, &r.ClientAddr, &r.ClientPort,
-			&r.State, &xact, &wait, &blocking, &r.Query); err != nil {
+		var gid, owner sql.NullString
+		if err := q.Scan(&pid, &granted, &r.Mode, &classid, &objid, &r.ObjSubID, &r.App, &r.ClientAddr, &r.ClientPort,
+			&r.State, &xact, &wait, &blocking, &r.Query, &gid, &owner, &prepAge); err != nil {
 			return nil, "", fmt.Errorf("reading pg_locks: %w", err)
+		}
+		if pid.Valid {
+			p := int(pid.Int64)
+			r.PID = &p
+		}
+		if gid.Valid {
+			r.Prepared = &preparedXact{GID: gid.String, Owner: owner.String, Age: prepAge.Float64}
 		}
 		r.ClassID, r.ObjID = uint32(classid), uint32(objid)
 		r.Lock = "held"
@@ -270,6 +340,7 @@ func readLocks(ctx context.Context, db *sql.DB) ([]lockRow, string, error) {
 	if err := q.Err(); err != nil {
 		return nil, "", fmt.Errorf("reading pg_locks: %w", err)
 	}
+	preparedBlockers(out)
 	sort.SliceStable(out, func(i, j int) bool {
 		a, b := out[i], out[j]
 		switch {
@@ -283,10 +354,32 @@ func readLocks(ctx context.Context, db *sql.DB) ([]lockRow, string, error) {
 			return a.Lock == "held"
 		case a.WaitAge != nil && b.WaitAge != nil && *a.WaitAge != *b.WaitAge:
 			return *a.WaitAge > *b.WaitAge // the longest waiter first
+		case (a.PID == nil) != (b.PID == nil):
+			return a.PID == nil // prepared transactions first
+		case a.PID == nil:
+			return a.Prepared != nil && (b.Prepared == nil || a.Prepared.GID < b.Prepared.GID)
 		}
-		return a.PID < b.PID
+		return *a.PID < *b.PID
 	})
 	return out, database, nil
+}
+
+// preparedBlockers fills WaitsForPrepared of each waiter that waits for a
+// prepared transaction (pg_blocking_pids reports it as pid 0): the gids of
+// the prepared transactions that hold its key in a conflicting mode.
+func preparedBlockers(rows []lockRow) {
+	for i := range rows {
+		w := &rows[i]
+		if w.Lock != "waiting" || !slices.Contains(w.WaitsFor, 0) {
+			continue
+		}
+		for _, h := range rows {
+			if h.Prepared != nil && h.Lock == "held" && h.ClassID == w.ClassID && h.ObjID == w.ObjID && h.ObjSubID == w.ObjSubID && (h.Mode == "ExclusiveLock" || w.Mode == "ExclusiveLock") {
+				w.WaitsForPrepared = append(w.WaitsForPrepared, h.Prepared.GID)
+			}
+		}
+		slices.Sort(w.WaitsForPrepared)
+	}
 }
 
 // decoder turns keys back into names.
@@ -327,21 +420,26 @@ func (d *decoder) decode(r *lockRow) {
 }
 
 // writeLocks prints rows as an aligned table, under a line that says what
-// was read.
+// was read. Every cell the server supplies goes through visible.
 func writeLocks(e *env, rows []lockRow, database, target string, at time.Time, queryWidth int) {
 	held := 0
+	keys := map[[3]int64]bool{}
 	for _, r := range rows {
 		if r.Lock == "held" {
 			held++
 		}
+		keys[[3]int64{int64(r.ClassID), int64(r.ObjID), int64(r.ObjSubID)}] = true
 	}
 	stamp := at.Format("2006-01-02 15:04:05 MST")
 	if len(rows) == 0 {
 		fmt.Fprintf(e.stdout, "no advisory locks in database %q on %s at %s\n", database, target, stamp)
 		return
 	}
-	fmt.Fprintf(e.stdout, "%d advisory %s in database %q on %s at %s: %d held, %d waiting\n",
-		len(rows), plural(len(rows), "lock", "locks"), database, target, stamp, held, len(rows)-held)
+	// A key can have several requests: a holder and its waiters, or several
+	// shared holders.
+	fmt.Fprintf(e.stdout, "%d advisory lock %s on %d %s in database %q on %s at %s: %d held, %d waiting\n",
+		len(rows), plural(len(rows), "request", "requests"), len(keys), plural(len(keys), "key", "keys"),
+		database, target, stamp, held, len(rows)-held)
 	t := table{header: []string{"PID", "LOCK", "KEY", "NAME", "APPLICATION", "CLIENT", "STATE", "XACT", "WAIT", "WAITS FOR", "QUERY"}}
 	for _, r := range rows {
 		lock := r.Lock
@@ -352,36 +450,111 @@ func writeLocks(e *env, rows []lockRow, database, target string, at time.Time, q
 		if r.Lock != "held" {
 			colour = yellow
 		}
-		client := "-" // a background process
+		client := "-" // a background process, or a prepared transaction
 		switch {
 		case r.ClientAddr != "":
 			client = r.ClientAddr + ":" + strconv.Itoa(r.ClientPort)
 		case r.ClientPort == -1:
 			client = "local" // a Unix-domain socket
 		}
-		waitsFor := "-"
-		if len(r.WaitsFor) > 0 {
-			var ps []string
-			for _, p := range r.WaitsFor {
-				ps = append(ps, strconv.Itoa(p))
+		pid, state, xact := "-", r.State, r.XactAge
+		switch {
+		case r.PID != nil:
+			pid = strconv.Itoa(*r.PID)
+		case r.Prepared != nil:
+			state = "prepared " + quoteGID(r.Prepared.GID) + " by " + r.Prepared.Owner
+			xact = &r.Prepared.Age
+		default:
+			state = "prepared" // ended between the reads of pg_locks and pg_prepared_xacts
+		}
+		var waitsFor []string
+		var pids []string
+		for _, p := range r.WaitsFor {
+			if p != 0 {
+				pids = append(pids, strconv.Itoa(p))
 			}
-			waitsFor = "pid " + strings.Join(ps, ", ")
+		}
+		if len(pids) > 0 {
+			waitsFor = append(waitsFor, "pid "+strings.Join(pids, ", "))
+		}
+		for _, gid := range r.WaitsForPrepared {
+			waitsFor = append(waitsFor, "prepared "+quoteGID(gid))
+		}
+		if slices.Contains(r.WaitsFor, 0) && len(r.WaitsForPrepared) == 0 {
+			waitsFor = append(waitsFor, "a prepared transaction")
 		}
 		t.rows = append(t.rows, []cell{
-			{text: strconv.Itoa(r.PID)},
+			{text: pid},
 			{text: lock, colour: colour},
 			{text: r.Key},
-			{text: orDash(r.Label), colour: bold},
-			{text: orDash(r.App)},
-			{text: client},
-			{text: orDash(r.State)},
-			{text: age(r.XactAge)},
+			{text: orDash(visible(r.Label)), colour: bold},
+			{text: orDash(visible(r.App))},
+			{text: visible(client)},
+			{text: orDash(visible(state))},
+			{text: age(xact)},
 			{text: age(r.WaitAge)},
-			{text: waitsFor},
+			{text: orDash(strings.Join(waitsFor, "; "))},
 			{text: shorten(r.Query, queryWidth)},
 		})
 	}
 	t.write(e.stdout, e.colour)
+}
+
+// quoteGID quotes a prepared transaction's gid as the SQL literal that
+// COMMIT PREPARED takes, escaped by visible.
+func quoteGID(gid string) string {
+	return visible("'" + strings.ReplaceAll(gid, "'", "''") + "'")
+}
+
+// visible returns s with every control character escaped, so that text
+// from the server (a query, an application_name, a keyspace name) cannot
+// move the cursor, clear the screen or set the terminal's title: \t, \n
+// and \r by name, the other C0 characters and DEL as \xHH, C1 characters
+// as \u00HH, and a byte that is not UTF-8 as \xHH. Backslashes are left as
+// they are; the JSON output holds the exact text.
+func visible(s string) string {
+	clean := true
+	for _, r := range s {
+		if r < 0x20 || 0x7f <= r && r <= 0x9f || r == utf8.RuneError {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var sb strings.Builder
+	for _, u := range visibleUnits(s) {
+		sb.WriteString(u)
+	}
+	return sb.String()
+}
+
+// visibleUnits splits s into what visible shows of it: one unit per
+// character, where a control character's unit is its escape.
+func visibleUnits(s string) []string {
+	var units []string
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && n == 1:
+			units = append(units, fmt.Sprintf(`\x%02x`, s[i]))
+		case r == '\t':
+			units = append(units, `\t`)
+		case r == '\n':
+			units = append(units, `\n`)
+		case r == '\r':
+			units = append(units, `\r`)
+		case r < 0x20 || r == 0x7f:
+			units = append(units, fmt.Sprintf(`\x%02x`, r))
+		case 0x80 <= r && r <= 0x9f:
+			units = append(units, fmt.Sprintf(`\u%04x`, r))
+		default:
+			units = append(units, s[i:i+n])
+		}
+		i += n
+	}
+	return units
 }
 
 // age renders seconds for a table: "-" for none, then 0.25s, 12.3s, 4m05s,
@@ -402,15 +575,29 @@ func age(s *float64) string {
 	return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 }
 
-// shorten collapses the white space of q and cuts it to at most n
-// characters, ending in "…" when cut.
+// shorten collapses the white space of q, escapes its control characters
+// (visible), and cuts the result to at most n characters, ending in "…"
+// when cut. It cuts between escapes, never inside one.
 func shorten(q string, n int) string {
-	q = strings.Join(strings.Fields(q), " ")
-	r := []rune(q)
-	if len(r) <= n {
-		return orDash(q)
+	units := visibleUnits(strings.Join(strings.Fields(q), " "))
+	width := 0
+	for _, u := range units {
+		width += utf8.RuneCountInString(u)
 	}
-	return string(r[:n-1]) + "…"
+	if width <= n {
+		return orDash(strings.Join(units, ""))
+	}
+	var sb strings.Builder
+	width = 0
+	for _, u := range units {
+		w := utf8.RuneCountInString(u)
+		if width+w > n-1 {
+			break
+		}
+		sb.WriteString(u)
+		width += w
+	}
+	return sb.String() + "…"
 }
 
 func orDash(s string) string {

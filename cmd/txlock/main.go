@@ -59,6 +59,7 @@ $DATABASE_URL.
 type env struct {
 	getenv         func(string) string
 	stdout, stderr io.Writer
+	terminal       bool // stdout is a terminal: locks --watch redraws in place
 	colour         bool // stdout is a terminal and NO_COLOR is unset
 }
 
@@ -90,7 +91,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 }
 
 func newEnv(getenv func(string) string, stdout, stderr io.Writer) *env {
-	return &env{getenv: getenv, stdout: stdout, stderr: stderr, colour: isTerminal(stdout) && getenv("NO_COLOR") == ""}
+	terminal := isTerminal(stdout)
+	return &env{getenv: getenv, stdout: stdout, stderr: stderr, terminal: terminal, colour: terminal && getenv("NO_COLOR") == ""}
 }
 
 // isTerminal reports whether w is a character device, such as a terminal.

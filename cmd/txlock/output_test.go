@@ -42,6 +42,7 @@ func TestColourOnlyOnATerminal(t *testing.T) {
 			return ""
 		}, dev, dev)
 		assert.Equal(t, tc.want, e.colour, "NO_COLOR=%q", tc.noColour)
+		assert.True(t, e.terminal, "NO_COLOR=%q: a terminal is one with or without colour", tc.noColour)
 	}
 }
 
