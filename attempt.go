@@ -19,6 +19,9 @@ type ownTx struct {
 	keys []Key
 	stmt string // the polling lock statement
 	h    holder // the granted lock
+	// attemptBound, if not 0, bounds each attempt however far the wait's
+	// deadline is: a term's campaign has none (see acquireTerm).
+	attemptBound time.Duration
 }
 
 var _ acquirer = (*ownTx)(nil)
@@ -36,14 +39,20 @@ const maxEarlyBegin = 50 * time.Millisecond
 // that bound is a timer, or nothing at all when ctx's own deadline comes
 // first: an uncontended call of a request handler, whose context has a
 // deadline, then begins the transaction with ctx itself, and fn runs under
-// the caller's context.
+// the caller's context. A term never takes that path: its transaction must
+// have a context of its own, which the term's end cancels to cut off a
+// rollback that a partition holds up (see Term.finish).
+//
+// With attemptBound, a timer ends the attempt's transaction if the attempt
+// has not returned in time (a BEGIN or statement stuck on a partitioned
+// connection), and the attempt fails with an error that says so.
 func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	c := a.c
 	stmt := a.stmt
 	if b.window > 0 {
 		stmt = waitStatement(a.keys, c.shared, c.maxHold, b.window)
 	}
-	if b.waitCtx == nil && c.maxHold == 0 {
+	if b.waitCtx == nil && c.maxHold == 0 && !c.term {
 		if d, ok := ctx.Deadline(); ok && !d.After(b.deadline) {
 			tx, err := a.db.BeginTx(ctx, c.txOpts)
 			if err != nil {
@@ -68,17 +77,30 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	}
 	txCtx, txCancel := context.WithCancelCause(ctx)
 	tie := b.tie(txCancel)
+	inTime := func() bool { return true }
+	if a.attemptBound > 0 {
+		timer := time.AfterFunc(a.attemptBound, func() { txCancel(context.DeadlineExceeded) })
+		inTime = timer.Stop
+	}
 	tx, err := a.begin(txCtx, b.prevEnd)
 	if err != nil {
 		tie.untie()
+		if !inTime() {
+			err = a.overran(err)
+		}
 		txCancel(nil)
 		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
 	out, err := tryLock(txCtx, tx, stmt)
-	if err == nil && out == granted && (!tie.untie() || txCtx.Err() != nil) {
-		// The deadline fired, or ctx ended, as the lock was granted; the
-		// transaction is being rolled back, and fn must not start.
+	bounded := inTime()
+	if err == nil && out == granted && (!tie.untie() || !bounded || txCtx.Err() != nil) {
+		// The deadline or the attempt's bound fired, or ctx ended, as the
+		// lock was granted; the transaction is being rolled back, and fn
+		// must not start.
 		out, err = busy, context.DeadlineExceeded
+	}
+	if err != nil && !bounded {
+		err = a.overran(err)
 	}
 	if err != nil || out != granted {
 		tie.untie()
@@ -98,6 +120,11 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 		a.h.bound(c.maxHold)
 	}
 	return granted, nil
+}
+
+// overran explains an attempt that attemptBound ended.
+func (a *ownTx) overran(err error) error {
+	return fmt.Errorf("txlock: the attempt did not return within %v (a term's attempt is bounded by its TTL): the connection may be partitioned, or the server unreachable: %w", a.attemptBound, err)
 }
 
 // begin begins an attempt's transaction. If the turn was handed on before

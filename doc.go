@@ -95,10 +95,13 @@
 // the lock in one READ COMMITTED transaction that makes no writes, with a
 // heartbeat every interval (WithHeartbeat) and a server-side bound
 // (idle_in_transaction_session_timeout) that ends a frozen holder's session.
-// The term's context is cancelled the moment the lock is lost, with a cause
-// matching ErrLockLost; each term draws its own fencing token (Term.Token),
-// which writes outside the term's transaction carry. Lead runs fn for one
-// term and releases it when fn returns.
+// The term's context is cancelled when a heartbeat detects the lock's loss
+// (up to Interval+Timeout after the server dropped it; within the TTL for a
+// frozen holder), with a cause matching ErrLockLost: two holders can
+// overlap for that window, so fencing is mandatory for writes outside the
+// term's transaction. Each term draws its own fencing token (Term.Token),
+// which those writes carry. Lead runs fn for one term and releases it when
+// fn returns.
 //
 // # Keyspace registry
 //

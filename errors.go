@@ -40,8 +40,11 @@ var (
 
 	// ErrLockLost: a term (AcquireTerm, Lead) lost its lock: a heartbeat
 	// failed, or none succeeded for the Heartbeat's TTL, after which the
-	// server ends the session. The term's context is cancelled with an
-	// error that matches it (context.Cause), and Term.Err returns it.
+	// server ends the session. When that is detected (up to
+	// Interval+Timeout after the server dropped the lock), the term's
+	// context is cancelled with an error that matches it (context.Cause),
+	// and Term.Err returns it. AcquireTerm returns it, too, for a term whose
+	// start did not complete within the TTL.
 	ErrLockLost = errors.New("txlock: lock lost")
 
 	// ErrTermReleased: the term was ended by Term.Release (or by Lead, once

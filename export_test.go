@@ -3,6 +3,7 @@ package txlock
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // PgLocksOf exposes Key.pgLocks to the external tests.
@@ -61,3 +62,7 @@ func (grantAtOnce) attempt(context.Context, bound) (outcome, error) { return gra
 func (grantAtOnce) hold(*lockState, func()) error                   { return nil }
 func (grantAtOnce) holdUnlocked(context.Context, *lockState) error  { return nil }
 func (grantAtOnce) pooled() bool                                    { return false }
+
+// AgeTerm makes t's last successful heartbeat look d old, as if the holder
+// had been frozen for d.
+func AgeTerm(t *Term, d time.Duration) { t.lastOK.Store(int64(t.since() - d)) }

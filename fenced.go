@@ -29,8 +29,9 @@ var (
 
 	// ErrNoToken: no fencing token could be issued, because the caller does
 	// not hold the lock (outside fn, fn run by WithFailOpen, or the lock's
-	// transaction is no longer alive), or because the database cannot draw
-	// one on a connection of its own.
+	// transaction is no longer alive), because the database cannot draw
+	// one on a connection of its own, or, on a term's context, because the
+	// Fencer's sequence is not the term's.
 	ErrNoToken = errors.New("txlock: no fencing token")
 )
 
@@ -94,6 +95,11 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // to a fn that does not hold its lock, or after fn has returned
 // (ErrNoToken).
 //
+// On a term's context (Term.Context, Lead's fn), Token draws nothing: it
+// returns the term's token, drawn when the term began, if f's sequence is
+// the term's (the zero Fencer's, or WithTermFencer's), and ErrNoToken,
+// naming the term's sequence, otherwise.
+//
 // Behind PgBouncer 1.18, the draw is an ordinary query: use one of the
 // default_query_exec_mode settings the README names. Surviving a failover
 // needs synchronous replication; a token drawn from an asynchronous standby
@@ -112,6 +118,15 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if t := termOf(st); t != nil {
+		return t.fenceToken(seq)
+	}
+	return drawToken(ctx, st, seq)
+}
+
+// drawToken draws st's token from seq, once, as Fencer.Token describes; its
+// statements run under ctx.
+func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if t, ok := st.tokens[seq]; ok {

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,21 +48,36 @@ const (
 // dead server, a PgBouncer restart) or times out (a partition) ends the
 // term: its context is cancelled with a cause that matches ErrLockLost. A
 // heartbeat that times out closes its connection (pgx does so when a query's
-// context ends), so a term never survives one.
+// context ends), so a term never survives one: keep Timeout well above the
+// pauses the machine can have (a loaded machine stalls for a second at
+// times), or such a pause ends a healthy term.
+//
+// The loss is detected, not foreseen: a lock that the server dropped (a
+// terminated backend, say) is noticed by the next heartbeat, up to
+// Interval+Timeout later, and meanwhile another session can be granted the
+// lock while this term's context is not yet cancelled. Two holders can
+// overlap for that window (within the TTL for a frozen holder), which is why
+// a write made outside the term's transaction must be fenced (Term.Token).
 //
 // TTL bounds a term on both sides. On the server,
 // idle_in_transaction_session_timeout is set to it for the term's
 // transaction: a holder that freezes (a stopped process, a stalled VM, a
 // partition) loses its session, and with it the lock, TTL after its last
 // heartbeat, and the next candidate is elected. On the client, a term
-// whose last successful heartbeat was sent TTL ago or more counts as lost,
-// even if its goroutine could not run meanwhile: its context's Done, Err
-// and Value methods check, so a holder that was frozen for longer sees its
-// context cancelled as soon as it looks. The client counts from the moment
-// the heartbeat was sent, which is before the server received it, so it
-// gives up no later than the server does (on the monotonic clock; a
-// machine that is suspended as a whole may stop that clock: fence the
-// writes, see Term.Token).
+// whose last successful heartbeat was sent TTL ago or more (less a
+// hundredth of the TTL, for clocks that run at slightly different rates)
+// counts as lost, even if its goroutine could not run meanwhile: the
+// term's context's own Done, Err and Value methods check, as do Held,
+// Term.Err and Term.Done, so a holder that was frozen for longer sees its
+// term ended as soon as it looks there. A context derived from the term's
+// with a cancel of its own (context.WithCancel, WithTimeout, an errgroup's)
+// does not check: it is cancelled only once something has noticed the
+// expiry (the heartbeat goroutine does when it next runs). Check Held(ctx)
+// or Term.Err right before each write outside the term, and fence it. The
+// client counts from the moment the heartbeat was sent, which is before
+// the server received it, so it gives up before the server does (on the
+// monotonic clock; a machine that is suspended as a whole may stop that
+// clock: fence the writes, see Term.Token).
 type Heartbeat struct {
 	// Interval is the time between heartbeats. Zero means
 	// DefaultHeartbeatInterval.
@@ -72,7 +89,11 @@ type Heartbeat struct {
 	// TTL is how long a term survives without a successful heartbeat. Zero
 	// means DefaultHeartbeatTTLIntervals times Interval. It must be at
 	// least twice Interval: the session is idle for an interval between
-	// two heartbeats, and a late one must not end a healthy term.
+	// two heartbeats, and a late one must not end a healthy term. It must
+	// not exceed 2147483647ms (about 24.8 days), the largest
+	// idle_in_transaction_session_timeout the server accepts. Every pooler
+	// or proxy idle limit on the way (PgBouncer's idle_transaction_timeout)
+	// must exceed it.
 	TTL time.Duration
 }
 
@@ -102,8 +123,16 @@ func (h Heartbeat) Validate() error {
 	if d.TTL < time.Millisecond {
 		return fmt.Errorf("txlock: Heartbeat TTL %v is below the server's 1ms resolution", d.TTL)
 	}
+	if ceilMillis(d.TTL) > math.MaxInt32 {
+		return fmt.Errorf("txlock: Heartbeat TTL %v is above 2147483647ms (about 24.8 days), the largest idle_in_transaction_session_timeout the server accepts: the server would end the session before the TTL", d.TTL)
+	}
 	return nil
 }
+
+// localTTL is how long after its last successful heartbeat was sent the
+// client counts a term as lost: the TTL less a hundredth, so that a client
+// clock that runs a little slower than the server's still gives up first.
+func (h Heartbeat) localTTL() time.Duration { return h.TTL - h.TTL/100 }
 
 // WithHeartbeat sets the heartbeat of a term (AcquireTerm, TryAcquireTerm,
 // Lead): see Heartbeat. Other calls refuse it.
@@ -148,14 +177,21 @@ func asTerm(c *config) {
 // What a term costs: one connection for its whole length (behind PgBouncer
 // in transaction mode, one server connection, pinned: size the pool for
 // it), one heartbeat statement per interval, and, at its start, a fencing
-// token drawn on a second connection of the pool. Its transaction holds no
-// snapshot between statements and is given no transaction id, so it holds
-// back no vacuum, however long it lasts.
+// token drawn on another connection of the pool: the pool needs one free
+// connection for each term that is starting, beyond the connections the
+// terms hold, or the start waits for one and, at the TTL, fails with
+// ErrLockLost. Its transaction holds no snapshot between statements and is
+// given no transaction id, so it holds back no vacuum, however long it
+// lasts.
 //
-// A term can be lost without the holder being told in time (a pause longer
-// than the TTL): a write made outside the term's transaction must carry
-// Token, so that the resource refuses a holder whose term has passed (see
-// FencedTable).
+// A term can be lost without the holder being told in time (a terminated
+// backend is noticed by the next heartbeat; a pause longer than the TTL, on
+// the holder's return): two holders can overlap for a while, so a write
+// made outside the term's transaction must carry Token, so that the
+// resource refuses a holder whose term has passed (see FencedTable). A
+// resource refuses the old token only once the successor has written its
+// own there: a successor should write its token to each resource it will
+// use first, before it acts on what the resource says.
 type Term struct {
 	key   Key
 	token atomic.Int64 // set once, before AcquireTerm returns; atomic for the expiry checks of database/sql's goroutines
@@ -178,7 +214,8 @@ type Term struct {
 	lastOK atomic.Int64
 	losing atomic.Bool // the term's context has been (or is being) cancelled as lost
 
-	stop     chan struct{} // closed by Release: the heartbeat goroutine returns
+	begun    atomic.Bool   // AcquireTerm is returning the term: it was handed out
+	stop     chan struct{} // closed by Release: the heartbeat goroutine returns, and Release ends the term
 	stopOnce sync.Once
 	beatDone chan struct{} // closed once the heartbeat goroutine has returned
 
@@ -188,7 +225,9 @@ type Term struct {
 
 // termContext is a term's context: base, whose Done, Err and Value first
 // check the term's local expiry, so that a holder that was frozen past the
-// TTL finds its context cancelled the moment it looks.
+// TTL finds its context cancelled the moment it looks. Contexts derived
+// from it with a cancel of their own register on base, and do not check:
+// Held does, through termOf.
 type termContext struct {
 	context.Context
 	t *Term
@@ -229,15 +268,23 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // next one when a term ends. The campaign lasts until the lock is granted or
 // ctx ends, unless WithTimeout bounds it (ErrLockTimeout). It ends, too, at
 // the first error that is not about the lock: a connection error, or a
-// server in recovery (ErrStandby); campaign again in a loop (see Lead).
+// server in recovery (ErrStandby); campaign again in a loop (see Lead). Each
+// attempt is bounded by the TTL: one that has not returned by then (a
+// pooled connection that a partition holds up, a server that accepts no
+// connection) is cut off, which closes its connection, and ends the
+// campaign with an error that says so, rather than leaving the candidate
+// stuck until TCP gives up.
 //
 // The granted lock's transaction is READ COMMITTED and READ ONLY: it runs
 // the lock statement, which also sets idle_in_transaction_session_timeout
 // to the TTL and turns off transaction_timeout (PostgreSQL 17 and later)
 // for the transaction, then the heartbeats, and nothing else. Once the lock
 // is granted, a fencing token is drawn durably from the zero Fencer's
-// sequence (or WithTermFencer's), as Fencer.Token does: db must be a pool of
-// at least two connections, and the sequence must exist (Fencer.CreateSequence).
+// sequence (or WithTermFencer's), as Fencer.Token does: db must be a pool
+// with a free connection for the draw (see Term), and the sequence must
+// exist (Fencer.CreateSequence). The term's start (the draw, its check on
+// the term's transaction, the first heartbeat) is bounded by the TTL: past
+// it, AcquireTerm fails with an error matching ErrLockLost.
 //
 // ctx bounds the term as BeginTx's context bounds a transaction: when it
 // ends, so does the term. Bound the campaign with WithTimeout rather than
@@ -247,7 +294,8 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // WithTermFencer apply; WithTxOptions is accepted only for ReadCommitted (or
 // the default level). WithShared, WithServerWait (whose waiter holds a
 // connection), WithMaxHold (the heartbeat bounds a term), WithFailOpen and
-// WithSerializationRetries are refused with ErrInvalidArgument.
+// WithSerializationRetries are refused with ErrInvalidArgument, and so, by
+// the Locker's methods, is a Locker whose New was given one of them.
 func AcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (*Term, error) {
 	return acquireTerm(ctx, db, key, opts, false)
 }
@@ -260,15 +308,19 @@ func TryAcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (
 }
 
 // Lead campaigns for key as AcquireTerm does and, once elected, runs fn
-// with the term, and a context that is cancelled the moment the term is
-// lost (context.Cause then matches ErrLockLost) or ctx ends. When fn
-// returns, the term is released at once: the next candidate is elected
-// within one of its polls. If fn panics, the term is released and the panic
+// with the term, and a context that is cancelled when a heartbeat detects
+// the term's loss (up to Interval+Timeout after the server dropped the
+// lock; within the TTL for a frozen holder), with a cause matching
+// ErrLockLost, or when ctx ends. Two holders can overlap in that window:
+// fence every write outside the term's transaction (Term.Token). When fn
+// returns, the term is released at once: the next candidate is elected at
+// its next poll. If fn panics, the term is released and the panic
 // continues.
 //
 // Lead returns fn's error, joined with the term's loss (ErrLockLost) if the
-// term was lost before fn returned; or the campaign's error (ErrLockTimeout
-// with WithTimeout, ErrStandby, a connection error), with fn not run.
+// term was lost before fn returned and fn's error does not already carry
+// it; or the campaign's error (ErrLockTimeout with WithTimeout, ErrStandby,
+// a connection error), with fn not run.
 //
 // One call is one term. To stay a candidate for as long as the service
 // runs, call Lead in a loop, and decide there what follows a term: whether
@@ -307,6 +359,9 @@ func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context
 	relErr := t.Release(context.WithoutCancel(ctx))
 	switch {
 	case errors.Is(lost, ErrLockLost):
+		if errors.Is(fnErr, lost) { // fn returned context.Cause(ctx), or wrapped it
+			return fnErr
+		}
 		return errors.Join(fnErr, lost)
 	case fnErr != nil:
 		return fnErr
@@ -333,7 +388,7 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 		return nil, err
 	}
 	t.hb = c.heartbeat.withDefaults()
-	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL)}
+	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
 	c.ev.start(ctx)
 	var q *ticket
 	if try {
@@ -377,6 +432,7 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 		return nil, err
 	}
 	t.stop, t.beatDone = make(chan struct{}), make(chan struct{})
+	t.begun.Store(true)
 	go t.beat()
 	return t, nil
 }
@@ -385,8 +441,31 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 // term's transaction options.
 func (c *config) termOptions() error {
 	var errs []error
+	for _, r := range c.termRefusals() {
+		err := fmt.Errorf("%w: %s", ErrInvalidArgument, r.why)
+		if slices.Contains(c.fromNew, r.name) {
+			err = fmt.Errorf("%w (%s was given to New, which sets it for every call of the Locker: build a Locker without it for terms)", err, r.name)
+		}
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Read committed whatever the server's default_transaction_isolation
+	// says, and read only: the term's transaction makes no writes.
+	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+	return nil
+}
+
+// termRefusal is an option that a term refuses: its name, and the error's
+// text.
+type termRefusal struct{ name, why string }
+
+// termRefusals lists the options set in c that a term refuses.
+func (c *config) termRefusals() []termRefusal {
+	var r []termRefusal
 	refuse := func(name, why string) {
-		errs = append(errs, fmt.Errorf("%w: %s does not apply to a term: %s", ErrInvalidArgument, name, why))
+		r = append(r, termRefusal{name, name + " does not apply to a term: " + why})
 	}
 	if c.shared {
 		refuse("WithShared", "a term is exclusive")
@@ -403,16 +482,23 @@ func (c *config) termOptions() error {
 	if c.serialSet {
 		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
 	}
-	if o := c.txOpts; o != nil && o.Isolation != sql.LevelDefault && o.Isolation != sql.LevelReadCommitted {
-		errs = append(errs, fmt.Errorf("%w: a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", ErrInvalidArgument, o.Isolation))
+	switch o := c.txOpts; {
+	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:
+	case o.Isolation < sql.LevelReadCommitted:
+		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a term's transaction is always begun READ COMMITTED; leave the option out, or ask for ReadCommitted", o.Isolation)})
+	default:
+		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", o.Isolation)})
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
+	return r
+}
+
+// fromLocker comes between a Locker's options and a call's in the Locker's
+// term methods: it records which of the options a term refuses the
+// Locker's New set, so that the error says where they came from.
+func fromLocker(c *config) {
+	for _, r := range c.termRefusals() {
+		c.fromNew = append(c.fromNew, r.name)
 	}
-	// Read committed whatever the server's default_transaction_isolation
-	// says, and read only: the term's transaction makes no writes.
-	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
-	return nil
 }
 
 // endedCtx is a context that has ended.
@@ -451,26 +537,73 @@ func (t *Term) begin(ctx context.Context) error {
 	t.tc = termContext{Context: base, t: t}
 	st := &t.st
 	st.Context, st.db, st.tx = &t.tc, t.a.db, h.tx
+	// No heartbeat runs yet, and the draw may wait for a free connection
+	// of the pool: a watchdog ends the term at its local expiry, which
+	// cancels what is in flight, and is set again for the new expiry once
+	// the token's check has proved the lock alive.
+	var watchMu sync.Mutex
+	watching := true
+	var watchdog *time.Timer
+	watchMu.Lock()
+	watchdog = time.AfterFunc(t.hb.localTTL()-t.since(), func() {
+		t.checkExpiry()
+		watchMu.Lock()
+		defer watchMu.Unlock()
+		if watching && !t.losing.Load() {
+			watchdog.Reset(t.hb.localTTL() - (t.since() - time.Duration(t.lastOK.Load())))
+		}
+	})
+	watchMu.Unlock()
+	stopWatching := func() {
+		watchMu.Lock()
+		defer watchMu.Unlock()
+		watching = false
+		watchdog.Stop()
+	}
+	defer stopWatching()
+	// ended explains an error that came as the term's context ended (the
+	// watchdog, or ctx): with the cause first, which errors.Is finds.
+	ended := func(what string, err error) error {
+		if base.Err() == nil {
+			return nil
+		}
+		return fmt.Errorf("%w (%s: %w)", context.Cause(base), what, err)
+	}
 	drawn := t.since()
-	token, err := t.c.fencer.Token(st)
+	seq, err := t.c.fencer.sequence()
 	if err != nil {
+		return err
+	}
+	token, err := drawToken(st, st, seq)
+	if err != nil {
+		if e := ended("drawing the fencing token", err); e != nil {
+			return e
+		}
 		if SQLState(err) == "42P01" {
 			err = fmt.Errorf("%w (create the sequence with Fencer.CreateSequence, or migrations/0001_txlock_fence_seq.sql)", err)
 		}
 		return fmt.Errorf("txlock: term of %s: %w", t.key, err)
 	}
 	t.token.Store(token)
-	// Token's last statement ran on the term's transaction after drawn, as
-	// a query, through the extended protocol: its unnamed portal keeps a
+	// The token's check ran on the term's transaction after drawn, as a
+	// query, through the extended protocol: its unnamed portal keeps a
 	// snapshot, and so backend_xmin, until the next statement. A
 	// heartbeat, which database/sql sends with the simple protocol, drops
 	// it now rather than an interval later.
 	t.lastOK.Store(int64(drawn))
 	sent := t.since()
 	if _, err := h.tx.ExecContext(st, heartbeatStatement); err != nil {
+		if e := ended("the first heartbeat", err); e != nil {
+			return e
+		}
 		return fmt.Errorf("%w: term of %s (token %d): the first heartbeat failed: %w", ErrLockLost, t.key, token, err)
 	}
 	t.lastOK.Store(int64(sent))
+	stopWatching()
+	if base.Err() != nil {
+		// The watchdog fired, or ctx ended, as the heartbeat returned.
+		return context.Cause(base)
+	}
 	return nil
 }
 
@@ -479,15 +612,46 @@ func (t *Term) begin(ctx context.Context) error {
 func (t *Term) since() time.Duration { return time.Since(t.start) }
 
 // checkExpiry ends the term as lost if its last successful heartbeat was
-// sent a TTL ago or more.
+// sent localTTL ago or more.
 func (t *Term) checkExpiry() {
 	if t.losing.Load() {
 		return
 	}
 	now := t.since()
-	if last := time.Duration(t.lastOK.Load()); now-last >= t.hb.TTL {
-		t.lose(fmt.Errorf("%w: term of %s (token %d): no heartbeat succeeded for %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, t.token.Load(), (now - last).Round(time.Millisecond), t.hb.TTL))
+	last := time.Duration(t.lastOK.Load())
+	if now-last < t.hb.localTTL() {
+		return
 	}
+	if !t.begun.Load() {
+		t.lose(fmt.Errorf("%w: term of %s: its start (drawing the fencing token, on a free connection of the pool, and the first heartbeat) took %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, now.Round(time.Millisecond), t.hb.TTL))
+		return
+	}
+	t.lose(fmt.Errorf("%w: term of %s (token %d): no heartbeat succeeded for %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, t.token.Load(), (now - last).Round(time.Millisecond), t.hb.TTL))
+}
+
+// termOf returns the term whose context st is, or nil for a WithLock fn's.
+func termOf(st *lockState) *Term {
+	if tc, ok := st.Context.(*termContext); ok {
+		return tc.t
+	}
+	return nil
+}
+
+// fenceToken is Fencer.Token on the term's context, for the sequence seq:
+// the term's own token, drawn when it began. A second draw is never made:
+// its check would run on the term's transaction, alongside a heartbeat.
+func (t *Term) fenceToken(seq string) (int64, error) {
+	if err := t.Err(); err != nil {
+		return 0, fmt.Errorf("%w: the term has ended: %w", ErrNoToken, err)
+	}
+	own, err := t.c.fencer.sequence()
+	if err != nil {
+		return 0, err
+	}
+	if seq != own {
+		return 0, fmt.Errorf("%w: a term's context carries only the term's token, drawn from %s, the sequence of the term's Fencer (WithTermFencer's, or the zero Fencer's), and this Fencer's sequence is %s: use Term.Token, or the term's Fencer", ErrNoToken, own, seq)
+	}
+	return t.token.Load(), nil
 }
 
 // lose cancels the term's context with err, once. It never blocks: the
@@ -500,7 +664,7 @@ func (t *Term) lose(err error) {
 
 // beat is the term's heartbeat goroutine: it runs the heartbeats, and ends
 // the term when its context ends (a loss, or the caller's context), or
-// returns when Release asks.
+// returns when Release asks, which then ends the term itself.
 func (t *Term) beat() {
 	defer close(t.beatDone)
 	base := t.tc.Context
@@ -511,12 +675,16 @@ func (t *Term) beat() {
 		case <-t.stop:
 			return
 		case <-base.Done():
-			t.finish(context.Background(), context.Cause(base))
+			select {
+			case <-t.stop: // Release ends the term, with its own ctx
+			default:
+				t.finish(context.Background(), context.Cause(base))
+			}
 			return
 		case <-timer.C:
 		}
 		sent := t.since()
-		left := t.hb.TTL - (sent - time.Duration(t.lastOK.Load()))
+		left := t.hb.localTTL() - (sent - time.Duration(t.lastOK.Load()))
 		if left <= 0 {
 			t.checkExpiry()
 			continue
@@ -537,9 +705,9 @@ func (t *Term) beat() {
 
 // finish ends the term, once: cancels its context with cause (a context
 // already cancelled keeps its first cause), rolls its transaction back,
-// leaves the local queue, and reports TermLost and Released. It returns the
-// rollback's error when a release (the term's first cause) may have left
-// the lock held.
+// leaves the local queue, and reports TermLost (for a term that was handed
+// out) and Released. It returns the rollback's error when a release (the
+// term's first cause) may have left the lock held.
 func (t *Term) finish(ctx context.Context, cause error) error {
 	t.endMu.Lock()
 	defer t.endMu.Unlock()
@@ -556,21 +724,42 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 	}
 	h := &t.a.h
 	// A ROLLBACK is as short as a heartbeat, and is bounded the same way:
-	// by the Heartbeat's Timeout, and by ctx (Release's). pgx rolls back
-	// with the transaction's context, so ending that context cuts off a
-	// rollback stuck on a partitioned connection, and closes it; the
-	// server ends the session within the TTL.
-	if h.cancel != nil {
-		cut := func() {
-			h.cancel(fmt.Errorf("txlock: the rollback of the term of %s did not return in time: %w", t.key, cause))
+	// by the Heartbeat's Timeout (and never past the TTL), and by ctx
+	// (Release's). pgx rolls back with the transaction's context, so ending
+	// that context cuts off a rollback stuck on a partitioned connection,
+	// and closes it; the server ends the session within the TTL. A ctx that
+	// has already ended cuts it off before it is sent. (A term's attempt
+	// always gives the transaction a context of its own: h.cancel is set.)
+	var cutMu sync.Mutex
+	var cutErr error
+	cut := func(why string) {
+		cutMu.Lock()
+		defer cutMu.Unlock()
+		if cutErr == nil && h.cancel != nil {
+			cutErr = fmt.Errorf("the rollback was cut off, as %s, and its connection closed", why)
+			h.cancel(fmt.Errorf("txlock: the rollback of the term of %s: %w: %w", t.key, cutErr, cause))
 		}
-		timer := time.AfterFunc(t.hb.Timeout, cut)
-		stop := context.AfterFunc(ctx, cut)
+	}
+	if ctx.Err() != nil {
+		cut("Release's ctx had ended")
+	} else {
+		bound := min(t.hb.Timeout, t.hb.localTTL())
+		timer := time.AfterFunc(bound, func() { cut(fmt.Sprintf("it had not returned after %v", bound)) })
+		stop := context.AfterFunc(ctx, func() { cut("Release's ctx ended") })
 		defer func() { timer.Stop(); stop() }()
 	}
 	rbErr := h.tx.Rollback()
-	if errors.Is(rbErr, sql.ErrTxDone) {
-		rbErr = nil // the transaction's context ended, and database/sql rolled it back
+	cutMu.Lock()
+	wasCut := cutErr
+	cutMu.Unlock()
+	switch {
+	case rbErr == nil:
+	case wasCut != nil && errors.Is(rbErr, sql.ErrTxDone):
+		rbErr = wasCut // database/sql rolled back, and closed the connection, when the cut ended the transaction's context
+	case wasCut != nil:
+		rbErr = fmt.Errorf("%w: %w", wasCut, rbErr)
+	case errors.Is(rbErr, sql.ErrTxDone):
+		rbErr = nil // the transaction's context ended (ctx, or a loss), and database/sql rolled it back
 	}
 	if t.stopTie != nil {
 		t.stopTie()
@@ -583,7 +772,9 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 	}
 	if st.ev != nil {
 		e := Event{Keys: st.lease.Keys, Attempts: st.lease.Attempts, Waited: st.lease.Waited, Held: t.c.clock.now().Sub(st.grantedAt), Token: t.token.Load()}
-		if errors.Is(cause, ErrLockLost) {
+		if t.begun.Load() && errors.Is(cause, ErrLockLost) {
+			// Only a term that AcquireTerm returned can be lost: one whose
+			// start failed is reported by Released, with the error.
 			e.Kind, e.Err = TermLost, cause
 			st.ev.report(e)
 		}
@@ -596,7 +787,7 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 	if rbErr != nil && errors.Is(cause, ErrTermReleased) {
 		// A term that was lost, or whose context ended, has no session to
 		// roll back: only a release reports its rollback.
-		return fmt.Errorf("txlock: releasing the term of %s: the rollback failed, so the server ends the lock when it ends the session (within the TTL): %w", t.key, rbErr)
+		return fmt.Errorf("txlock: releasing the term of %s: %w; the server ends the lock when it ends the session (at once if the connection's close reaches it, within the TTL otherwise)", t.key, rbErr)
 	}
 	return nil
 }
@@ -611,11 +802,14 @@ func (t *Term) Key() Key { return t.key }
 // refuses them once a later term has written (FencedTable).
 func (t *Term) Token() int64 { return t.token.Load() }
 
-// Context returns the term's context: it is cancelled when the term ends,
-// and context.Cause then says why: an error matching ErrLockLost, or
-// ErrTermReleased, or the cause of the context given to AcquireTerm. It is
-// also a txlock fn context: FenceToken returns the term's token from it,
-// LeaseFromContext and Held describe the term.
+// Context returns the term's context: it is cancelled when the term ends
+// (for a loss, when the loss is detected: see Heartbeat), and context.Cause
+// then says why: an error matching ErrLockLost, or ErrTermReleased, or the
+// cause of the context given to AcquireTerm. It is also a txlock fn
+// context: FenceToken returns the term's token from it (a Fencer whose
+// sequence is not the term's gets ErrNoToken), LeaseFromContext and Held
+// describe the term. Held checks the term's local expiry on contexts
+// derived from this one too; their own Err and Done do not (see Heartbeat).
 func (t *Term) Context() context.Context { return &t.st }
 
 // Done returns a channel that is closed when the term ends.
@@ -632,13 +826,15 @@ func (t *Term) Err() error {
 }
 
 // Release ends the term: it rolls the term's transaction back, which
-// releases the lock at once, so the next candidate is elected within one
-// of its polls. It waits for a heartbeat in flight (at most its Timeout),
-// or, if ctx ends first, cuts it off, which closes the connection. Release
-// returns nil once the lock is released, by this call or before it by the
-// term's loss (which Err reports; the server ends a lost term's session
-// within the TTL), and an error if the rollback failed. It may be called
-// more than once.
+// releases the lock at once, so the next candidate is elected at its next
+// poll. It waits for a heartbeat in flight and then the rollback (each at
+// most the Heartbeat's Timeout), or, if ctx ends first, cuts them off,
+// which closes the connection; a ctx that has already ended sends no
+// rollback. Release returns nil once the lock is released, by this call or
+// before it by the term's loss or the end of AcquireTerm's ctx (which Err
+// reports; the server ends a lost term's session within the TTL), and an
+// error if the rollback failed or was cut off. It may be called more than
+// once.
 func (t *Term) Release(ctx context.Context) error {
 	t.stopOnce.Do(func() { close(t.stop) })
 	select {
@@ -652,17 +848,23 @@ func (t *Term) Release(ctx context.Context) error {
 
 // AcquireTerm is AcquireTerm on the Locker's db.
 func (l *Locker) AcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
-	return AcquireTerm(ctx, l.db, key, l.with(opts)...)
+	return AcquireTerm(ctx, l.db, key, l.termOpts(opts)...)
 }
 
 // TryAcquireTerm is TryAcquireTerm on the Locker's db.
 func (l *Locker) TryAcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
-	return TryAcquireTerm(ctx, l.db, key, l.with(opts)...)
+	return TryAcquireTerm(ctx, l.db, key, l.termOpts(opts)...)
 }
 
 // Lead is Lead on the Locker's db.
 func (l *Locker) Lead(ctx context.Context, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
-	return Lead(ctx, l.db, key, fn, l.with(opts)...)
+	return Lead(ctx, l.db, key, fn, l.termOpts(opts)...)
+}
+
+// termOpts returns the Locker's options, fromLocker, then a call's own.
+func (l *Locker) termOpts(opts []Option) []Option {
+	all := make([]Option, 0, len(l.opts)+1+len(opts))
+	return append(append(append(all, l.opts...), fromLocker), opts...)
 }
 
 // trimPrefix drops the package prefix of err's text, for an option's error,

@@ -245,7 +245,7 @@ func TestTermStoppedLeader(t *testing.T) {
 			require.NoError(t, err)
 			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE ` + table) })
 			key := uniq(t)
-			const ttl = time.Second
+			const ttl = 2 * time.Second
 			cmd := startChild(t, "stopped", url, "TXLOCK_CHILD_KEY="+key, "TXLOCK_CHILD_TABLE="+table, "TXLOCK_TTL="+ttl.String())
 			stdin, err := cmd.StdinPipe()
 			require.NoError(t, err)

@@ -169,6 +169,8 @@ func TestTermOptionsRefused(t *testing.T) {
 		{"Serializable", txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}), "asks for Serializable"},
 		{"TTL below two intervals", txlock.WithHeartbeat(txlock.Heartbeat{Interval: time.Second, TTL: 1500 * time.Millisecond}), "TTL 1.5s must be at least twice Interval 1s"},
 		{"negative interval", txlock.WithHeartbeat(txlock.Heartbeat{Interval: -time.Second}), "must not be negative"},
+		{"ReadUncommitted", txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelReadUncommitted}), "asks for Read Uncommitted: a term's transaction is always begun READ COMMITTED"},
+		{"TTL above the server's limit", txlock.WithHeartbeat(txlock.Heartbeat{TTL: 25 * 24 * time.Hour}), "TTL 600h0m0s is above 2147483647ms"},
 		{"bad Fencer", txlock.WithTermFencer(txlock.Fencer{Sequence: "a\x00b"}), "WithTermFencer"},
 		{"zero timeout", txlock.WithTimeout(0), "WithTimeout needs a positive duration"},
 	} {
@@ -191,6 +193,32 @@ func TestTermOptionsRefused(t *testing.T) {
 			assert.Contains(t, err.Error(), "applies only to terms")
 			_, err = txlock.New(db, opt)
 			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		}
+	})
+	t.Run("from New", func(t *testing.T) {
+		for _, c := range []struct {
+			opt  txlock.Option
+			name string
+		}{
+			{txlock.WithMaxHold(time.Second), "WithMaxHold"},
+			{txlock.WithServerWait(txlock.ServerWait{}), "WithServerWait"},
+		} {
+			l, err := txlock.New(db, c.opt)
+			require.NoError(t, err)
+			want := c.name + " was given to New, which sets it for every call of the Locker: build a Locker without it for terms"
+			_, err = l.AcquireTerm(ctx, key)
+			require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+			assert.Contains(t, err.Error(), want)
+			_, err = l.TryAcquireTerm(ctx, key)
+			assert.ErrorContains(t, err, want)
+			err = l.Lead(ctx, key, func(context.Context, *txlock.Term) error { return nil })
+			assert.ErrorContains(t, err, want)
+			// The same option given to the call itself is not New's.
+			plain, err := txlock.New(db)
+			require.NoError(t, err)
+			_, err = plain.AcquireTerm(ctx, key, c.opt)
+			require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+			assert.NotContains(t, err.Error(), "given to New")
 		}
 	})
 	t.Run("bad arguments", func(t *testing.T) {
@@ -332,6 +360,22 @@ func TestLeadLost(t *testing.T) {
 	assert.ErrorIs(t, err, txlock.ErrLockLost)
 	assert.ErrorIs(t, err, fnErr)
 	assert.Equal(t, 0, heldBy(t, db, key))
+
+	// fn returns the loss itself: Lead returns it once, not joined with
+	// itself.
+	err = txlock.Lead(ctx, db, key, func(ctx context.Context, term *txlock.Term) error {
+		terminate(t, db, termPID(t, db, key))
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Error("fn's context was not cancelled")
+		}
+		cause = context.Cause(ctx)
+		return cause
+	}, txlock.WithHeartbeat(fastBeat))
+	require.ErrorIs(t, err, txlock.ErrLockLost)
+	assert.Equal(t, cause.Error(), err.Error(), "Lead's error repeats the loss")
+	assert.Equal(t, 0, heldBy(t, db, key))
 }
 
 // Resignation: when the term ends, a candidate of another process (here,
@@ -410,8 +454,10 @@ func TestTermLocalQueue(t *testing.T) {
 	db := termDB(t)
 	ctx := context.Background()
 	key := txlock.StringKey(uniq(t))
+	refs := txlock.QueueRefs()
 	first, err := txlock.AcquireTerm(ctx, db, key)
 	require.NoError(t, err)
+	require.Equal(t, refs+1, txlock.QueueRefs(), "the first term holds the turn of its local queue")
 	var busy atomic.Int32
 	obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
 		if e.Kind == txlock.Busy {
@@ -429,19 +475,27 @@ func TestTermLocalQueue(t *testing.T) {
 			terms[i] = term
 			got <- i
 		}()
-		time.Sleep(50 * time.Millisecond) // queue in order
+		// Queue in order: the next candidate starts once this one waits
+		// in the local queue.
+		require.Eventually(t, func() bool { return txlock.QueueRefs() == refs+2+i }, 10*time.Second, time.Millisecond, "candidate %d queues", i)
 	}
 	time.Sleep(time.Second)
 	assert.Zero(t, busy.Load(), "candidates polled while a term of their own process held the lock")
+	// Each election includes the token's durable commit: the bound allows
+	// for a loaded machine's pause.
 	require.NoError(t, first.Release(ctx))
 	for want := range n {
 		released := time.Now()
-		i := <-got
+		var i int
+		select {
+		case i = <-got:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no candidate was elected within 20s of the previous term's end")
+		}
 		took := time.Since(released)
 		t.Logf("candidate %d was elected %v after the previous term ended", i, took.Round(time.Millisecond))
 		assert.Equal(t, want, i, "FIFO order")
-		assert.Less(t, took, time.Second)
-		time.Sleep(100 * time.Millisecond)
+		assert.Less(t, took, 3*time.Second)
 		require.NoError(t, terms[i].Release(ctx))
 	}
 	assert.Zero(t, busy.Load())
@@ -644,7 +698,9 @@ func TestTermHoldsBackNoVacuum(t *testing.T) {
 	vacuum()
 
 	key := txlock.StringKey(uniq(t))
-	term, err := txlock.AcquireTerm(ctx, db, key)
+	// The default interval, with a Timeout and a TTL that a loaded
+	// machine's pause of a second cannot reach in 30s of heartbeats.
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(txlock.Heartbeat{Timeout: 3 * time.Second, TTL: 6 * time.Second}))
 	require.NoError(t, err)
 	pid := termPID(t, db, key)
 	require.NotZero(t, pid)
@@ -715,4 +771,186 @@ func TestTermEventsOnRelease(t *testing.T) {
 	assert.GreaterOrEqual(t, rel.Held, 50*time.Millisecond)
 	assert.Equal(t, []txlock.Key{key}, rel.Keys)
 	assert.Equal(t, "term_lost", txlock.TermLost.String())
+}
+
+// A context given to AcquireTerm with a deadline bounds the term as any
+// context does: at the deadline the term ends, its cause matches
+// context.DeadlineExceeded (not ErrLockLost), and the lock is freed. (Such
+// a context once gave the term's transaction no context of its own, which
+// left a rollback in a partition unbounded: see the reliability module's
+// TestLeaseReleaseInBlackhole.)
+func TestTermCtxDeadline(t *testing.T) {
+	db := termDB(t)
+	key := txlock.StringKey(uniq(t))
+	const life = 1500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), life)
+	defer cancel()
+	start := time.Now()
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
+	require.NoError(t, err)
+	assert.True(t, txlock.Held(term.Context()))
+	select {
+	case <-term.Done():
+	case <-time.After(life + 10*time.Second):
+		t.Fatal("the term outlived its context's deadline")
+	}
+	took := time.Since(start)
+	t.Logf("the term ended %v after AcquireTerm began (deadline %v)", took.Round(time.Millisecond), life)
+	assert.GreaterOrEqual(t, took, life)
+	assert.ErrorIs(t, term.Err(), context.DeadlineExceeded)
+	assert.NotErrorIs(t, term.Err(), txlock.ErrLockLost)
+	require.Eventually(t, func() bool { return heldBy(t, db, key) == 0 }, 5*time.Second, 10*time.Millisecond)
+	require.NoError(t, term.Release(context.Background()), "Release after the context ended the term")
+}
+
+// Release with a context that has already ended sends no rollback: it
+// closes the term's connection, which frees the lock, and reports that
+// the rollback was cut off, every time (it once raced the heartbeat
+// goroutine, and either rolled back or did not).
+func TestTermReleaseEndedCtx(t *testing.T) {
+	db := termDB(t)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 5 {
+		key := txlock.StringKey(uniq(t))
+		term, err := txlock.AcquireTerm(context.Background(), db, key, txlock.WithHeartbeat(fastBeat))
+		require.NoError(t, err)
+		err = term.Release(ended)
+		require.Error(t, err, "round %d", i)
+		assert.Contains(t, err.Error(), "the rollback was cut off, as Release's ctx had ended", "round %d", i)
+		assert.ErrorIs(t, term.Err(), txlock.ErrTermReleased)
+		assert.False(t, txlock.Held(term.Context()))
+		require.Eventually(t, func() bool { return heldBy(t, db, key) == 0 }, 5*time.Second, 10*time.Millisecond,
+			"the lock outlived the closed connection (round %d)", i)
+		assert.NoError(t, term.Release(context.Background()), "a second Release")
+	}
+}
+
+// The local expiry reaches Held on contexts derived from the term's (a
+// WithCancel or WithTimeout child registers on the term's base context,
+// and its own Err does not look at the expiry), and the term's context and
+// its WithValue children directly. AgeTerm makes the term look frozen past
+// its TTL; the interval is long, so that no heartbeat runs meanwhile.
+func TestTermDerivedContexts(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	key := txlock.StringKey(uniq(t))
+	beat := txlock.Heartbeat{Interval: 10 * time.Second, Timeout: 10 * time.Second, TTL: 30 * time.Second}
+	for _, how := range []string{"WithCancel", "WithTimeout", "WithValue"} {
+		t.Run(how, func(t *testing.T) {
+			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(beat))
+			require.NoError(t, err)
+			var child context.Context
+			switch how {
+			case "WithCancel":
+				c, cancel := context.WithCancel(term.Context())
+				defer cancel()
+				child = c
+			case "WithTimeout":
+				c, cancel := context.WithTimeout(term.Context(), time.Hour)
+				defer cancel()
+				child = c
+			default:
+				child = context.WithValue(term.Context(), struct{}{}, 1)
+			}
+			require.True(t, txlock.Held(child))
+			txlock.AgeTerm(term, beat.TTL)
+			if how == "WithValue" {
+				assert.Error(t, child.Err(), "a WithValue child checks the expiry itself")
+			} else {
+				assert.False(t, txlock.Held(child), "Held on a %s child after the TTL", how)
+				assert.Error(t, child.Err(), "the child is cancelled once Held noticed the expiry")
+			}
+			assert.False(t, txlock.Held(child))
+			require.ErrorIs(t, term.Err(), txlock.ErrLockLost)
+			assert.ErrorIs(t, context.Cause(child), txlock.ErrLockLost)
+			assert.Contains(t, term.Err().Error(), "no heartbeat succeeded for")
+			require.Eventually(t, func() bool { return heldBy(t, db, key) == 0 }, 5*time.Second, 10*time.Millisecond, "the expired term's lock")
+			require.NoError(t, term.Release(ctx))
+		})
+	}
+}
+
+// With WithTermFencer, the term's context carries the term's token from
+// that Fencer's sequence: its Token returns it, FenceToken (the zero
+// Fencer's sequence) gets ErrNoToken naming the term's sequence, and
+// neither draws a second token, whose check would run on the term's
+// transaction alongside the heartbeats.
+func TestTermFencerFenceToken(t *testing.T) {
+	db := termDB(t)
+	ctx := context.Background()
+	seq := "term_fencer_" + strings.ReplaceAll(tableSuffix(t), "-", "_")
+	f := txlock.Fencer{Sequence: seq}
+	require.NoError(t, f.CreateSequence(ctx, db))
+	t.Cleanup(func() { _, _ = db.Exec(`DROP SEQUENCE public.` + seq) })
+	_, err := db.Exec(`SELECT setval('public.` + seq + `', 1000000)`)
+	require.NoError(t, err)
+	lastValue := func(name string) int64 {
+		var v int64
+		require.NoError(t, db.QueryRow(`SELECT last_value FROM public.`+name).Scan(&v))
+		return v
+	}
+	key := txlock.StringKey(uniq(t))
+	beat := txlock.Heartbeat{Interval: 20 * time.Millisecond, Timeout: 2 * time.Second, TTL: 3 * time.Second}
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithTermFencer(f), txlock.WithHeartbeat(beat))
+	require.NoError(t, err)
+	defer term.Release(ctx)
+	require.EqualValues(t, 1000001, term.Token())
+	defaultBefore := lastValue(txlock.DefaultFenceSequence)
+
+	for range 20 { // while heartbeats run every 20ms
+		tok, err := f.Token(term.Context())
+		require.NoError(t, err)
+		assert.Equal(t, term.Token(), tok)
+		_, err = txlock.FenceToken(term.Context())
+		require.ErrorIs(t, err, txlock.ErrNoToken)
+		assert.Contains(t, err.Error(), `drawn from "public"."`+seq+`", the sequence of the term's Fencer`)
+		time.Sleep(5 * time.Millisecond)
+	}
+	assert.EqualValues(t, 1000001, lastValue(seq), "a second token was drawn from the term's sequence")
+	assert.Equal(t, defaultBefore, lastValue(txlock.DefaultFenceSequence), "a token was drawn from the default sequence")
+	assert.NoError(t, term.Err())
+	require.NoError(t, term.Release(ctx))
+	_, err = f.Token(term.Context())
+	assert.ErrorIs(t, err, txlock.ErrNoToken, "a token after Release")
+}
+
+// A term's start draws its token on a free connection of the pool: with
+// none free (MaxOpenConns 2, one held by another user of the pool, one by
+// the term), the start waits, and at the TTL AcquireTerm fails with an
+// error matching ErrLockLost, frees the lock, and reports Released with
+// the error, but no TermLost (the term was never handed out).
+func TestTermStartPoolBusy(t *testing.T) {
+	check := termDB(t)
+	db := open(t, pgtest.Postgres(t))
+	db.SetMaxOpenConns(2)
+	ctx := context.Background()
+	conn, err := db.Conn(ctx) // another user of the pool
+	require.NoError(t, err)
+	defer conn.Close()
+	key := txlock.StringKey(uniq(t))
+	var obs obsLog
+	beat := txlock.Heartbeat{Interval: 200 * time.Millisecond, Timeout: time.Second, TTL: time.Second}
+	start := time.Now()
+	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(beat), txlock.WithObserver(&obs))
+	took := time.Since(start)
+	t.Logf("AcquireTerm with no free connection for the token returned after %v (TTL %v): %v", took.Round(time.Millisecond), beat.TTL, err)
+	assert.Nil(t, term)
+	require.ErrorIs(t, err, txlock.ErrLockLost)
+	assert.Contains(t, err.Error(), "free connection of the pool")
+	assert.Less(t, took, beat.TTL+2*time.Second)
+	assert.GreaterOrEqual(t, took, beat.TTL*9/10)
+	require.Eventually(t, func() bool { return heldBy(t, check, key) == 0 }, 5*time.Second, 10*time.Millisecond, "the lock of a term that never started")
+	evs := obs.take()
+	require.NotEmpty(t, evs)
+	assert.NotContains(t, kindsOf(evs), txlock.TermLost)
+	last := evs[len(evs)-1]
+	assert.Equal(t, txlock.Released, last.Kind)
+	assert.ErrorIs(t, last.Err, txlock.ErrLockLost)
+	require.NoError(t, conn.Close())
+
+	// With the connection back, the pool starts a term.
+	term, err = txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(beat))
+	require.NoError(t, err)
+	require.NoError(t, term.Release(ctx))
 }

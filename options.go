@@ -51,6 +51,7 @@ type config struct {
 	heartbeat Heartbeat
 	fencer    Fencer
 	onlyTerm  []string
+	fromNew   []string // the options a term refuses that a Locker's New set (see fromLocker)
 	errs      []error
 }
 

@@ -323,7 +323,9 @@ func termCall(lead bool) func(context.Context, *sql.DB, []txlock.Key, func(conte
 		if err := (txlock.Fencer{}).CreateSequence(ctx, db); err != nil {
 			return err
 		}
-		opts = append(opts, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 50 * time.Millisecond, TTL: time.Second}))
+		// Heartbeats every 50ms, each with a Timeout and the term a TTL that
+		// a loaded machine's pause of a second cannot reach.
+		opts = append(opts, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 50 * time.Millisecond, Timeout: 3 * time.Second, TTL: 4 * time.Second}))
 		run := func(ctx context.Context, t *txlock.Term) error {
 			time.Sleep(200 * time.Millisecond) // heartbeats
 			if err := t.Err(); err != nil {

@@ -116,10 +116,18 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 // context has ended (the transaction, and with it the lock, is then being
 // rolled back), and after fn has returned. It is advisory: a lock can also
 // be lost to a dead session without the client knowing; guard writes that
-// leave the transaction with fencing tokens.
+// leave the transaction with fencing tokens. On a term's context, or one
+// derived from it, Held also checks the term's local expiry (see
+// Heartbeat), which a derived context's own Err does not.
 func Held(ctx context.Context) bool {
 	st, ok := stateFrom(ctx)
-	return ok && st.lease.Held && !st.ended.Load() && ctx.Err() == nil
+	if !ok || !st.lease.Held || st.ended.Load() {
+		return false
+	}
+	if t := termOf(st); t != nil && t.Err() != nil {
+		return false
+	}
+	return ctx.Err() == nil
 }
 
 // lockState is what fn's context carries: the Lease, and what fencing

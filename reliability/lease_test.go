@@ -26,10 +26,12 @@ import (
 // to begin.
 
 // leaseBeat is the heartbeat of the leaders here: a short interval, so that
-// a fault is detected quickly, and a TTL far enough above the detection
-// bound plus leaseSlack that an assertion on detection tells a failed
-// heartbeat apart from the local expiry.
-var leaseBeat = txlock.Heartbeat{Interval: 250 * time.Millisecond, Timeout: 250 * time.Millisecond, TTL: 4 * time.Second}
+// a fault is detected quickly; a Timeout of a second, which a loaded
+// machine's pause does not reach, so that a healthy term does not end
+// spuriously; and a TTL far enough above the detection bound plus
+// leaseSlack (3.25s, below the local expiry at 3.96s) that an assertion on
+// detection tells a failed heartbeat apart from the local expiry.
+var leaseBeat = txlock.Heartbeat{Interval: 250 * time.Millisecond, Timeout: time.Second, TTL: 4 * time.Second}
 
 // leaseDetect is how long a leader may take to learn that its term is lost
 // once the fault begins: the next heartbeat starts within Interval, and
@@ -460,7 +462,11 @@ func TestLeaseFailover(t *testing.T) {
 // server: Release, given a context with a deadline, must return by that
 // deadline, and Lead, whose fn returns, must return within the heartbeat's
 // Timeout (both plus slack). Either way the server must end the term's
-// session, and release the lock, within the TTL.
+// session, and release the lock, within the TTL. Each runs twice: with a
+// campaign context that cannot end, and with one that has a deadline (an
+// hour away), with which the term's transaction once had no context of its
+// own to cut the rollback off with, and both hung until the partition
+// healed.
 func TestLeaseReleaseInBlackhole(t *testing.T) {
 	const deadline = time.Second
 	// The partition begins halfway between two heartbeats, when none is
@@ -498,70 +504,153 @@ func TestLeaseReleaseInBlackhole(t *testing.T) {
 		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			admin, px, dsn, leaks := setup(t, networkTargets[0])
-			ctx := context.Background()
-			require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-			db := pool(t, dsn, 4) // through the proxy
-			key := leaseKey(t)
-
-			var start time.Time
-			partitioned := make(chan struct{})
-			partition := func() {
-				px.add("blackhole", `{}`)
-				start = time.Now()
-				close(partitioned)
-			}
-			ended := make(chan error, 1)
-			go func() { ended <- c.end(ctx, db, key, partition) }()
-			select {
-			case <-partitioned:
-			case err := <-ended:
-				t.Fatalf("the term ended before the partition: %v", err)
-			}
-			// The server's side, watched meanwhile.
-			freed := make(chan time.Duration, 1)
-			go func() {
-				for time.Since(start) < leaseBeat.TTL+30*time.Second {
-					if heldOn(t, admin, key) == 0 {
-						freed <- time.Since(start)
-						return
-					}
-					time.Sleep(10 * time.Millisecond)
+			for _, withDeadline := range []bool{false, true} {
+				sub := "no deadline"
+				if withDeadline {
+					sub = "ctx with a deadline"
 				}
-				freed <- -1
-			}()
-
-			var returned time.Duration
-			var err error
-			select {
-			case err = <-ended:
-				returned = time.Since(start)
-				t.Logf("%s in a blackhole returned after %v: %v", c.name, returned.Round(time.Millisecond), err)
-			case <-time.After(c.bound + leaseSlack):
-				returned = -1
-				t.Errorf("%s in a blackhole had not returned after %v (bound %v plus slack)", c.name, c.bound+leaseSlack, c.bound)
+				t.Run(sub, func(t *testing.T) { testReleaseInBlackhole(t, c.name, c.bound, c.end, withDeadline) })
 			}
-			f := <-freed
-			t.Logf("the server released the lock %v into the blackhole (TTL %v)", f.Round(time.Millisecond), leaseBeat.TTL)
-			assert.Positive(t, f, "the server did not release a partitioned term's lock")
-			assert.LessOrEqual(t, f, leaseBeat.TTL+leaseSlack, "the server must release a partitioned term's lock within the TTL")
-
-			px.clear()
-			if returned < 0 {
-				select {
-				case err = <-ended:
-					t.Logf("%s returned %v into the blackhole, once it was healed: %v", c.name, time.Since(start).Round(time.Millisecond), err)
-				case <-time.After(30 * time.Second):
-					t.Errorf("%s had not returned 30s after the blackhole was healed", c.name)
-				}
-			}
-			px.stop()
-			finish(t, nil, leaks, admin, db)
-			ret := "never (until healed)"
-			if returned >= 0 {
-				ret = returned.Round(time.Millisecond).String()
-			}
-			figures(t, "bound=%v returned_after=%s lock_freed_after=%v", c.bound, ret, f.Round(time.Millisecond))
 		})
 	}
+}
+
+func testReleaseInBlackhole(t *testing.T, name string, bound time.Duration, end func(ctx context.Context, db *sql.DB, key txlock.Key, partition func()) error, withDeadline bool) {
+	admin, px, dsn, leaks := setup(t, networkTargets[0])
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
+	db := pool(t, dsn, 4) // through the proxy
+	key := leaseKey(t)
+	campaignCtx := ctx
+	if withDeadline {
+		var cancel context.CancelFunc
+		campaignCtx, cancel = context.WithTimeout(ctx, time.Hour)
+		defer cancel()
+	}
+
+	var start time.Time
+	partitioned := make(chan struct{})
+	partition := func() {
+		px.add("blackhole", `{}`)
+		start = time.Now()
+		close(partitioned)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- end(campaignCtx, db, key, partition) }()
+	select {
+	case <-partitioned:
+	case err := <-ended:
+		t.Fatalf("the term ended before the partition: %v", err)
+	}
+	// The server's side, watched meanwhile.
+	freed := make(chan time.Duration, 1)
+	go func() {
+		for time.Since(start) < leaseBeat.TTL+30*time.Second {
+			if heldOn(t, admin, key) == 0 {
+				freed <- time.Since(start)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		freed <- -1
+	}()
+
+	var returned time.Duration
+	var err error
+	select {
+	case err = <-ended:
+		returned = time.Since(start)
+		t.Logf("%s in a blackhole returned after %v: %v", name, returned.Round(time.Millisecond), err)
+	case <-time.After(bound + leaseSlack):
+		returned = -1
+		t.Errorf("%s in a blackhole had not returned after %v (bound %v plus slack)", name, bound+leaseSlack, bound)
+	}
+	f := <-freed
+	t.Logf("the server released the lock %v into the blackhole (TTL %v)", f.Round(time.Millisecond), leaseBeat.TTL)
+	assert.Positive(t, f, "the server did not release a partitioned term's lock")
+	assert.LessOrEqual(t, f, leaseBeat.TTL+leaseSlack, "the server must release a partitioned term's lock within the TTL")
+
+	px.clear()
+	if returned < 0 {
+		select {
+		case err = <-ended:
+			t.Logf("%s returned %v into the blackhole, once it was healed: %v", name, time.Since(start).Round(time.Millisecond), err)
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s had not returned 30s after the blackhole was healed", name)
+		}
+	}
+	px.stop()
+	finish(t, nil, leaks, admin, db)
+	ret := "never (until healed)"
+	if returned >= 0 {
+		ret = returned.Round(time.Millisecond).String()
+	}
+	figures(t, "deadline=%t bound=%v returned_after=%s lock_freed_after=%v", withDeadline, bound, ret, f.Round(time.Millisecond))
+}
+
+// TestLeaseCampaignInBlackhole partitions a candidate from PostgreSQL while
+// it campaigns for a lock another session holds: its next attempt's BEGIN
+// or statement is stuck on a pooled connection (or on a new one, whose
+// startup vanishes too), and the attempt's bound, the TTL, must cut it off
+// and end the campaign with an error that says so, rather than leave the
+// candidate hanging until TCP gives up.
+func TestLeaseCampaignInBlackhole(t *testing.T) {
+	admin, px, dsn, leaks := setup(t, networkTargets[0])
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
+	db := pool(t, dsn, 4) // through the proxy
+	directDB := pool(t, pgtest.Postgres(t), 4)
+	key := leaseKey(t)
+	holder, err := txlock.AcquireTerm(ctx, directDB, key, txlock.WithHeartbeat(leaseBeat))
+	require.NoError(t, err)
+
+	busy := make(chan struct{}, 64)
+	var lost []txlock.Event // TermLost events; read once the campaign has returned
+	obs := txlock.WithObserver(txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		switch e.Kind {
+		case txlock.Busy:
+			select {
+			case busy <- struct{}{}:
+			default:
+			}
+		case txlock.TermLost:
+			lost = append(lost, e)
+		}
+		return ctx
+	}))
+	ended := make(chan error, 1)
+	go func() {
+		term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(leaseBeat), leasePoll, obs)
+		if term != nil {
+			_ = term.Release(ctx)
+		}
+		ended <- err
+	}()
+	for range 3 { // the candidate polls through the proxy
+		select {
+		case <-busy:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the candidate made no busy attempt")
+		}
+	}
+	px.add("blackhole", `{}`)
+	start := time.Now()
+	select {
+	case err = <-ended:
+	case <-time.After(leaseBeat.TTL + leaseSlack + 30*time.Second):
+		t.Fatalf("the campaign had not ended %v into the blackhole", time.Since(start))
+	}
+	took := time.Since(start)
+	t.Logf("the campaign ended %v into the blackhole (attempts bounded by the TTL, %v): %v", took.Round(time.Millisecond), leaseBeat.TTL, err)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "the attempt did not return within "+leaseBeat.TTL.String())
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.LessOrEqual(t, took, leaseBeat.TTL+leaseSlack, "the attempt must be cut off at the TTL, plus slack")
+	assert.Empty(t, lost, "TermLost for a term never granted")
+
+	px.clear()
+	require.NoError(t, holder.Release(ctx))
+	px.stop()
+	finish(t, nil, leaks, admin, db, directDB)
+	figures(t, "ttl=%v campaign_ended_after=%v", leaseBeat.TTL, took.Round(time.Millisecond))
 }

@@ -121,9 +121,11 @@ func runChild(ctx context.Context, stdout io.Writer, cfg config) error {
 	say := func(format string, args ...any) {
 		fmt.Fprintf(stdout, "pid %d: "+format+"\n", append([]any{pid}, args...)...)
 	}
-	// A heartbeat every fifth of the TTL, each allowed half of it: a slow
-	// one on a loaded machine does not end a healthy term.
-	beat := txlock.WithHeartbeat(txlock.Heartbeat{Interval: cfg.ttl / 5, Timeout: cfg.ttl / 2, TTL: cfg.ttl})
+	// A heartbeat every fifth of the TTL, each allowed until the term's
+	// local expiry (a Timeout of the TTL): a slow one on a loaded machine
+	// does not end a healthy term; only the TTL passing without a
+	// successful heartbeat does.
+	beat := txlock.WithHeartbeat(txlock.Heartbeat{Interval: cfg.ttl / 5, Timeout: cfg.ttl, TTL: cfg.ttl})
 	for ctx.Err() == nil {
 		campaign := time.Now()
 		var token int64

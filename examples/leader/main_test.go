@@ -23,7 +23,8 @@ var (
 )
 
 // TestLeader builds the program and runs it with three copies on a
-// throwaway server it starts itself, with a TTL of 1s. It must exit 0
+// throwaway server it starts itself, with a TTL of 2s (a loaded machine's
+// pause of a second must not end a healthy term early). It must exit 0
 // after its own check; the test then reads the lines: three elections with
 // growing tokens, each by a copy other than the parent, the frozen leader
 // refused by the fence with the second leader's token and then told its
@@ -31,7 +32,7 @@ var (
 // last leader's token.
 func TestLeader(t *testing.T) {
 	bin := exampletest.Build(t)
-	out, parent := exampletest.Run(t, bin, "", "-copies", "3", "-ttl", "1s", "-work", "300ms")
+	out, parent := exampletest.Run(t, bin, "", "-copies", "3", "-ttl", "2s", "-work", "300ms")
 	if !strings.Contains(out, "the fence held: the frozen leader's late write was refused, and the row keeps the last leader's\n") {
 		t.Errorf("the program did not report that the fence held")
 	}
