@@ -93,7 +93,7 @@ func candidate(db *sql.DB, key txlock.Key, table string) error {
 			}
 			_, err := db.ExecContext(ctx, `UPDATE `+table+` SET ended_at = clock_timestamp() WHERE id = $1`, id)
 			return err
-		})
+		}, txlock.WithHeartbeat(steadyBeat)) // a loss would fail the process: no pause of a loaded machine may end a term
 		if err != nil {
 			return err
 		}
@@ -132,7 +132,7 @@ func stoppedLeader(db *sql.DB, key txlock.Key, table string) error {
 		}
 		fmt.Printf("ended=%t lost=%t write=%s\n", ended, errors.Is(cause, txlock.ErrLockLost), write)
 		return nil
-	}, txlock.WithHeartbeat(txlock.Heartbeat{Interval: ttl / 5, Timeout: ttl / 2, TTL: ttl}))
+	}, txlock.WithHeartbeat(txlock.Heartbeat{Interval: ttl / 5, Timeout: ttl, TTL: ttl})) // each heartbeat allowed until the local expiry: a slow one does not end the term before the freeze
 	fmt.Printf("lead lost=%t\n", errors.Is(err, txlock.ErrLockLost))
 	return nil
 }
@@ -265,17 +265,26 @@ func TestTermStoppedLeader(t *testing.T) {
 			line := next()
 			tokenA, err := strconv.ParseInt(strings.TrimPrefix(line, "token "), 10, 64)
 			require.NoError(t, err, line)
+			leaderPID := termPID(t, db, txlock.StringKey(key))
+			require.NotZero(t, leaderPID, "the leader's backend")
 			time.Sleep(2 * ttl / 5) // a heartbeat or two
 
 			require.NoError(t, cmd.Process.Signal(syscall.SIGSTOP))
 			frozen := time.Now()
+			// The server ends the frozen leader's session TTL after its last
+			// heartbeat left it idle in transaction, by the server's clock:
+			// how long ago that was (a heartbeat every TTL/5, unless the
+			// leader was paused before the freeze) gives the earliest
+			// election.
+			idle := idleInTransaction(t, db, leaderPID)
 			term, err := txlock.AcquireTerm(context.Background(), db, txlock.StringKey(key),
 				txlock.WithTimeout(20*time.Second), txlock.WithRetry(txlock.ConstantBackoff{Interval: 20 * time.Millisecond}))
 			require.NoError(t, err)
 			took := time.Since(frozen)
-			t.Logf("a candidate was elected %v after the leader froze (TTL %v; target TTL + 1s)", took.Round(time.Millisecond), ttl)
+			t.Logf("a candidate was elected %v after the leader froze, whose backend had been idle in transaction for %v (TTL %v; target TTL + 1s)",
+				took.Round(time.Millisecond), idle.Round(time.Millisecond), ttl)
 			assert.Less(t, took, ttl+4*time.Second)
-			assert.Greater(t, took, ttl/2, "elected long before the frozen leader's TTL")
+			assert.GreaterOrEqual(t, took, ttl-idle, "elected before the TTL had passed since the frozen leader's last heartbeat")
 			require.Greater(t, term.Token(), tokenA)
 			ft := txlock.FencedTable{Name: table}
 			_, err = ft.Update(term.Context(), db, term.Token(), []txlock.Col{{Name: "qty", Value: 42}}, []txlock.Col{{Name: "id", Value: 1}})
@@ -298,6 +307,25 @@ func TestTermStoppedLeader(t *testing.T) {
 			assert.Equal(t, term.Token(), tok)
 			require.NoError(t, term.Release(context.Background()))
 		})
+	}
+}
+
+// idleInTransaction returns how long pid's backend has been idle in
+// transaction, by the server's clock, once it is (a statement it was
+// running when its client froze still completes).
+func idleInTransaction(t *testing.T, db *sql.DB, pid int) time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var state string
+		var secs float64
+		err := db.QueryRow(`SELECT coalesce(state, ''), EXTRACT(epoch FROM clock_timestamp() - state_change)::float8 FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&state, &secs)
+		require.NoError(t, err, "the backend %d of the frozen leader", pid)
+		if state == "idle in transaction" {
+			return time.Duration(secs * float64(time.Second))
+		}
+		require.True(t, time.Now().Before(deadline), "the backend %d of the frozen leader is %q", pid, state)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -23,10 +23,20 @@ import (
 // processes (exclusion, SIGSTOP) are in lease_process_test.go.
 
 // fastBeat is the heartbeat of the tests that measure how a term ends: an
-// interval short enough to keep the tests quick, and a timeout and a TTL
-// far enough above it that a loaded machine's pause does not end a healthy
-// term.
-var fastBeat = txlock.Heartbeat{Interval: 200 * time.Millisecond, Timeout: time.Second, TTL: 3 * time.Second}
+// interval short enough to keep the tests quick, and a Timeout and a TTL
+// far enough above the pauses of a loaded machine (a second, at times) that
+// such a pause does not end a healthy term. A heartbeat that times out ends
+// the term, and a server that stalls for a second stalls the heartbeat sent
+// as it began for that long, so the Timeout is twice that; it also bounds
+// Release's rollback.
+var fastBeat = txlock.Heartbeat{Interval: 200 * time.Millisecond, Timeout: 2 * time.Second, TTL: 4 * time.Second}
+
+// steadyBeat is the heartbeat of the tests that hold a term without
+// measuring how it ends: the default interval, a Timeout that a loaded
+// machine's pause does not reach, and a TTL so long that a lock the server
+// frees only at the TTL, rather than when the term ends, would show as far
+// too late.
+var steadyBeat = txlock.Heartbeat{Timeout: 3 * time.Second, TTL: 10 * time.Second}
 
 // termDB returns a pool on the test PostgreSQL where the fencing sequence
 // exists, with the checks of direct.
@@ -268,7 +278,7 @@ func TestTermServerDefaultRepeatableRead(t *testing.T) {
 	assert.Positive(t, idle)
 	require.NoError(t, term.Release(ctx))
 
-	term, err = txlock.AcquireTerm(ctx, dropOptions{rr}, key, txlock.WithTimeout(2*time.Second))
+	term, err = txlock.AcquireTerm(ctx, dropOptions{rr}, key, txlock.WithTimeout(10*time.Second))
 	assert.Nil(t, term)
 	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "a term needs read committed, the transaction is repeatable read")
@@ -380,7 +390,10 @@ func TestLeadLost(t *testing.T) {
 
 // Resignation: when the term ends, a candidate of another process (here,
 // another pool, which does not share the local queue) is elected within
-// one of its polls. The poll is 100ms; the assertion allows 1s more.
+// one of its polls. The poll is 100ms; the assertion allows 2s more, for a
+// loaded machine's pause of a second. The term's TTL is 10s, so that a lock
+// freed only by the server's idle_in_transaction_session_timeout, not by
+// the term's end, would still be far past the bound.
 func TestTermResignation(t *testing.T) {
 	check := termDB(t)
 	a := open(t, pgtest.Postgres(t))
@@ -397,7 +410,7 @@ func TestTermResignation(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Add(1)
 			if how == "Release" {
-				term, err := txlock.AcquireTerm(ctx, a, key)
+				term, err := txlock.AcquireTerm(ctx, a, key, txlock.WithHeartbeat(steadyBeat))
 				require.NoError(t, err)
 				close(held)
 				go func() {
@@ -413,7 +426,7 @@ func TestTermResignation(t *testing.T) {
 						close(held)
 						<-resign
 						return nil
-					})
+					}, txlock.WithHeartbeat(steadyBeat))
 					resigned = time.Now()
 				}()
 				<-held
@@ -427,7 +440,8 @@ func TestTermResignation(t *testing.T) {
 			})
 			got := make(chan *txlock.Term, 1)
 			go func() {
-				term, err := txlock.AcquireTerm(ctx, b, key, txlock.WithRetry(txlock.ConstantBackoff{Interval: poll}), txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second))
+				term, err := txlock.AcquireTerm(ctx, b, key, txlock.WithRetry(txlock.ConstantBackoff{Interval: poll}), txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second),
+					txlock.WithHeartbeat(steadyBeat))
 				assert.NoError(t, err)
 				got <- term
 			}()
@@ -440,7 +454,7 @@ func TestTermResignation(t *testing.T) {
 			require.NotNil(t, term)
 			took := elected.Sub(resigned)
 			t.Logf("the candidate was elected %v after the term ended (poll %v)", took.Round(time.Millisecond), poll)
-			assert.Less(t, took, poll+time.Second)
+			assert.Less(t, took, poll+2*time.Second)
 			assert.Equal(t, 1, heldBy(t, check, key))
 			require.NoError(t, term.Release(ctx))
 		})
@@ -455,7 +469,7 @@ func TestTermLocalQueue(t *testing.T) {
 	ctx := context.Background()
 	key := txlock.StringKey(uniq(t))
 	refs := txlock.QueueRefs()
-	first, err := txlock.AcquireTerm(ctx, db, key)
+	first, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(steadyBeat))
 	require.NoError(t, err)
 	require.Equal(t, refs+1, txlock.QueueRefs(), "the first term holds the turn of its local queue")
 	var busy atomic.Int32
@@ -470,7 +484,7 @@ func TestTermLocalQueue(t *testing.T) {
 	terms := make([]*txlock.Term, n)
 	for i := range n {
 		go func() {
-			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second))
+			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithObserver(obs), txlock.WithTimeout(20*time.Second), txlock.WithHeartbeat(steadyBeat))
 			assert.NoError(t, err)
 			terms[i] = term
 			got <- i
@@ -782,10 +796,12 @@ func TestTermEventsOnRelease(t *testing.T) {
 func TestTermCtxDeadline(t *testing.T) {
 	db := termDB(t)
 	key := txlock.StringKey(uniq(t))
-	const life = 1500 * time.Millisecond
+	// Long enough that AcquireTerm returns before the deadline through a
+	// loaded machine's pause of a second.
+	const life = 2500 * time.Millisecond
+	start := time.Now() // before the deadline is set, so that it is at least life after start
 	ctx, cancel := context.WithTimeout(context.Background(), life)
 	defer cancel()
-	start := time.Now()
 	term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
 	require.NoError(t, err)
 	assert.True(t, txlock.Held(term.Context()))
@@ -949,8 +965,9 @@ func TestTermStartPoolBusy(t *testing.T) {
 	assert.ErrorIs(t, last.Err, txlock.ErrLockLost)
 	require.NoError(t, conn.Close())
 
-	// With the connection back, the pool starts a term.
-	term, err = txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(beat))
+	// With the connection back, the pool starts a term (with a TTL that a
+	// loaded machine's pause does not reach before the start is over).
+	term, err = txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(fastBeat))
 	require.NoError(t, err)
 	require.NoError(t, term.Release(ctx))
 }

@@ -26,12 +26,14 @@ import (
 // to begin.
 
 // leaseBeat is the heartbeat of the leaders here: a short interval, so that
-// a fault is detected quickly; a Timeout of a second, which a loaded
-// machine's pause does not reach, so that a healthy term does not end
-// spuriously; and a TTL far enough above the detection bound plus
-// leaseSlack (3.25s, below the local expiry at 3.96s) that an assertion on
-// detection tells a failed heartbeat apart from the local expiry.
-var leaseBeat = txlock.Heartbeat{Interval: 250 * time.Millisecond, Timeout: time.Second, TTL: 4 * time.Second}
+// a fault is detected quickly; a Timeout of two seconds, twice a loaded
+// machine's pause (a server that stalls for a second stalls the heartbeat
+// sent as it began for that long, and a heartbeat that times out ends the
+// term), so that a healthy term does not end spuriously; and a TTL far
+// enough above the detection bound plus leaseSlack (4.25s, below the local
+// expiry at 4.95s) that an assertion on detection tells a failed heartbeat
+// apart from the local expiry.
+var leaseBeat = txlock.Heartbeat{Interval: 250 * time.Millisecond, Timeout: 2 * time.Second, TTL: 5 * time.Second}
 
 // leaseDetect is how long a leader may take to learn that its term is lost
 // once the fault begins: the next heartbeat starts within Interval, and

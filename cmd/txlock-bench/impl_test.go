@@ -5,9 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -145,8 +147,32 @@ func TestBareLockReferences(t *testing.T) {
 	}
 }
 
+// roundTrips returns the times of 51 SELECT 1 round trips on one
+// connection to url, sorted, as medianRoundTrip measures them.
+func roundTrips(ctx context.Context, url string) ([]time.Duration, error) {
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close(ctx)
+	var ds []time.Duration
+	for range 51 {
+		t0 := time.Now()
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			return nil, err
+		}
+		ds = append(ds, time.Since(t0))
+	}
+	slices.Sort(ds)
+	return ds, nil
+}
+
 // TestSimulatedNetwork checks that the proxy delays a round trip by about
-// twice its latency.
+// twice its latency: the median round trip through it by at least that,
+// and the fastest by no more than 2ms beyond it. The upper bound is on the
+// fastest round trips, which a loaded machine's scheduling delays (several
+// milliseconds on half of the round trips, at times, with every core busy)
+// do not reach: what it bounds is the proxy's own cost.
 func TestSimulatedNetwork(t *testing.T) {
 	url := pgtest.Postgres(t)
 	addr, err := hostPort(url)
@@ -164,16 +190,21 @@ func TestSimulatedNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	direct, err := medianRoundTrip(ctx, url)
+	direct, err := roundTrips(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxied, err := medianRoundTrip(ctx, purl)
+	proxied, err := roundTrips(ctx, purl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("median round trip: %v direct, %v through the proxy with %v each way", direct, proxied, latency)
-	if extra := proxied - direct; extra < 2*latency || extra > 2*latency+2*time.Millisecond {
-		t.Fatalf("the proxy added %v to a round trip, want about %v", extra, 2*latency)
+	median := func(ds []time.Duration) time.Duration { return ds[len(ds)/2] }
+	t.Logf("round trip: median %v direct, %v through the proxy with %v each way; fastest %v direct, %v through the proxy",
+		median(direct), median(proxied), latency, direct[0], proxied[0])
+	if extra := median(proxied) - median(direct); extra < 2*latency {
+		t.Fatalf("the proxy added %v to the median round trip, want at least %v", extra, 2*latency)
+	}
+	if extra := proxied[0] - direct[0]; extra > 2*latency+2*time.Millisecond {
+		t.Fatalf("the proxy added %v to the fastest round trip, want about %v", extra, 2*latency)
 	}
 }
