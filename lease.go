@@ -614,7 +614,10 @@ func (t *Term) since() time.Duration { return time.Since(t.start) }
 // checkExpiry ends the term as lost if its last successful heartbeat was
 // sent localTTL ago or more.
 func (t *Term) checkExpiry() {
-	if t.losing.Load() {
+	if t.tc.Context.Err() != nil {
+		// Already cancelled. (Not t.losing: another goroutine may have
+		// set it and not yet cancelled, and this caller, which reads the
+		// context next, must find it cancelled.)
 		return
 	}
 	now := t.since()
@@ -654,12 +657,13 @@ func (t *Term) fenceToken(seq string) (int64, error) {
 	return t.token.Load(), nil
 }
 
-// lose cancels the term's context with err, once. It never blocks: the
-// heartbeat goroutine ends the term's transaction.
+// lose cancels the term's context with err; the first cause is kept. It
+// returns once the context is cancelled, by this call or a concurrent one,
+// and never blocks on the database: the heartbeat goroutine ends the term's
+// transaction.
 func (t *Term) lose(err error) {
-	if t.losing.CompareAndSwap(false, true) {
-		t.cancel(err)
-	}
+	t.losing.Store(true)
+	t.cancel(err)
 }
 
 // beat is the term's heartbeat goroutine: it runs the heartbeats, and ends
