@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/txlock/txlock/internal/seam"
 )
 
 // ownTx is the acquirer of WithLock, WithLocks, TryWithLock and
@@ -229,7 +231,7 @@ func (t deadlineTie) untie() bool {
 // The statement's answer is carried in the row count of the command tag (see
 // lockStatement), which database/sql returns as RowsAffected.
 func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
-	out, err := runLockStatement(ctx, tx, stmt)
+	out, err := runLockStatement(ctx, sqlTx{tx}, stmt)
 	if err != nil {
 		switch SQLState(err) {
 		case codeLockNotAvailable, codeDeadlock:
@@ -240,31 +242,59 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 }
 
 // runLockStatement runs a lock statement in tx and decodes its outcome.
-func runLockStatement(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
-	res, err := tx.ExecContext(ctx, stmt)
+func runLockStatement(ctx context.Context, tx seam.Execer, stmt string) (outcome, error) {
+	n, err := tx.ExecRows(ctx, stmt)
 	if err != nil {
-		if isStandbyError(err) {
-			return standby, nil
-		}
-		if isIsolationError(err) {
-			return busy, errServerWaitIsolation(err)
-		}
-		if isTermIsolationError(err) {
-			return busy, errTermIsolation(err)
-		}
-		return busy, fmt.Errorf("txlock: lock statement: %w", err)
+		o, err := classify(err)
+		return outcome(o), err
+	}
+	o, err := rowsOutcome(n)
+	return outcome(o), err
+}
+
+// classify sorts a lock statement's error: see seam.Classify. A ServerWait
+// window's end (55P03) and a deadlock (40P01) are not sorted here: in
+// txlock's own transaction they are a busy lock (tryLock), and in a
+// caller's, LockTx sorts them out (callerTx).
+func classify(err error) (seam.Outcome, error) {
+	switch {
+	case isStandbyError(err):
+		return seam.Standby, nil
+	case isBusyError(err):
+		return seam.Busy, nil
+	case isIsolationError(err):
+		return seam.Busy, errServerWaitIsolation(err)
+	case isTermIsolationError(err):
+		return seam.Busy, errTermIsolation(err)
+	}
+	return seam.Busy, fmt.Errorf("txlock: lock statement: %w", err)
+}
+
+// rowsOutcome decodes the row count of a lock statement: see lockStatement.
+func rowsOutcome(n int64) (seam.Outcome, error) {
+	switch n {
+	case 0:
+		return seam.Busy, nil
+	case 1:
+		return seam.Granted, nil
+	case 2:
+		return seam.Standby, nil
+	}
+	return seam.Busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
+}
+
+// sqlTx runs lock statements in a database/sql transaction.
+type sqlTx struct{ tx *sql.Tx }
+
+// ExecRows implements seam.Execer.
+func (t sqlTx) ExecRows(ctx context.Context, stmt string) (int64, error) {
+	res, err := t.tx.ExecContext(ctx, stmt)
+	if err != nil {
+		return 0, err
 	}
 	n, err := res.RowsAffected()
 	if err != nil {
-		return busy, fmt.Errorf("txlock: lock statement result: %w", err)
+		return 0, fmt.Errorf("txlock: lock statement result: %w", err)
 	}
-	switch n {
-	case 0:
-		return busy, nil
-	case 1:
-		return granted, nil
-	case 2:
-		return standby, nil
-	}
-	return busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
+	return n, nil
 }

@@ -57,7 +57,7 @@ func BenchmarkKeyspaceKey(b *testing.B) {
 func BenchmarkLockStatement(b *testing.B) {
 	keys := []txlock.Key{txlock.StringKey("orders:42")}
 	for b.Loop() {
-		_ = txlock.LockStatement(keys, false, 0, true)
+		_ = txlock.LockStatement(keys, false, 0, txlock.FormOwnTx)
 	}
 }
 
@@ -113,7 +113,7 @@ func benchPlainTx(b *testing.B, ctx context.Context, key ...txlock.Key) {
 	db := direct(b)
 	stmt := ""
 	if len(key) > 0 {
-		stmt = txlock.LockStatement(key, false, 0, true)
+		stmt = txlock.LockStatement(key, false, 0, txlock.FormOwnTx)
 	}
 	for b.Loop() {
 		tx, err := db.BeginTx(ctx, nil)

@@ -30,7 +30,8 @@
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. WithShared takes reader
 // locks. LockTx and TryLockTx lock inside a transaction the caller already
-// has. Package sqlxlock offers the same with *sqlx.Tx.
+// has. Package sqlxlock offers the same with *sqlx.Tx, and package pgxlock
+// with pgx.Tx, for pgx used natively.
 //
 // # Local queues
 //

@@ -66,3 +66,10 @@ func (grantAtOnce) pooled() bool                                    { return fal
 // AgeTerm makes t's last successful heartbeat look d old, as if the holder
 // had been frozen for d.
 func AgeTerm(t *Term, d time.Duration) { t.lastOK.Store(int64(t.since() - d)) }
+
+// The statement forms, for LockStatement.
+const (
+	FormOwnTx    = formOwnTx
+	FormCallerTx = formCallerTx
+	FormFailBusy = formFailBusy
+)

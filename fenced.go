@@ -132,20 +132,19 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	if t, ok := st.tokens[seq]; ok {
 		return t, nil
 	}
-	pool, err := tokenPool(st.db)
-	if err != nil {
-		return 0, err
-	}
 	var token int64
 	var xid string
 	var drawPID, lockPID int
 	// Every name is qualified, the sequence's too, and the comparison is
 	// pg_catalog's: no search_path can change what this statement does.
-	err = pool.QueryRowContext(ctx, `SELECT pg_catalog.nextval(`+quoteLiteral(seq)+`::pg_catalog.regclass),
+	err := drawRow(ctx, st, `SELECT pg_catalog.nextval(`+quoteLiteral(seq)+`::pg_catalog.regclass),
 		pg_catalog.pg_current_xact_id()::pg_catalog.text, pg_catalog.pg_backend_pid(),
 		pg_catalog.set_config('synchronous_commit', CASE
 			WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) ANY (ARRAY['off', 'local']) THEN 'on'
-			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`).Scan(&token, &xid, &drawPID, new(string))
+			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`, &token, &xid, &drawPID, new(string))
+	if errors.Is(err, ErrNoToken) {
+		return 0, err
+	}
 	if err != nil {
 		return 0, fmt.Errorf("txlock: drawing a fencing token from %s: %w", seq, err)
 	}
@@ -153,10 +152,13 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	// without a break from the grant until after the draw. It must also be
 	// another session than the draw's, or the draw ran inside the
 	// uncommitted lock transaction (a db that wraps one connection).
-	if err := st.tx.QueryRowContext(ctx, "SELECT pg_catalog.pg_backend_pid()").Scan(&lockPID); err != nil {
+	if err := lockRow(ctx, st, "SELECT pg_catalog.pg_backend_pid()", &lockPID); err != nil {
 		return 0, fmt.Errorf("%w: the lock's transaction ended before the token could be confirmed: %w", ErrNoToken, err)
 	}
 	if drawPID == lockPID {
+		if st.sess != nil {
+			return 0, fmt.Errorf("%w: the token was drawn on the lock's own connection; give the lock a pool", ErrNoToken)
+		}
 		return 0, fmt.Errorf("%w: the token was drawn on the lock's own connection (%T wraps a single connection?); give WithLock a pool", ErrNoToken, st.db)
 	}
 	if st.tokens == nil {
@@ -167,6 +169,27 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 		st.ev.report(Event{Kind: TokenIssued, Keys: st.lease.Keys, Shared: st.lease.Shared, Token: token, Sequence: seq})
 	}
 	return token, nil
+}
+
+// drawRow runs a token's draw on another connection than st's lock, and
+// scans its row into dest.
+func drawRow(ctx context.Context, st *lockState, query string, dest ...any) error {
+	if st.sess != nil {
+		return st.sess.DrawRow(ctx, query, dest...)
+	}
+	pool, err := tokenPool(st.db)
+	if err != nil {
+		return err
+	}
+	return pool.QueryRowContext(ctx, query).Scan(dest...)
+}
+
+// lockRow runs query in st's lock transaction and scans its row into dest.
+func lockRow(ctx context.Context, st *lockState, query string, dest ...any) error {
+	if st.sess != nil {
+		return st.sess.LockRow(ctx, query, dest...)
+	}
+	return st.tx.QueryRowContext(ctx, query).Scan(dest...)
 }
 
 // CreateSequence creates the Fencer's sequence if it does not exist, in its

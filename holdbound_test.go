@@ -210,7 +210,7 @@ func TestMaxHoldCountsFromGrant(t *testing.T) {
 		_, err = tx.ExecContext(ctx, `SELECT pg_catalog.pg_sleep(0.6)`)
 		require.NoError(t, err)
 		sent := time.Now()
-		res, err := tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, true))
+		res, err := tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, txlock.FormOwnTx))
 		require.NoError(t, err)
 		granted := time.Now()
 		n, err := res.RowsAffected()
@@ -372,7 +372,7 @@ func TestMaxHoldBoundInForce(t *testing.T) {
 		// lock would be held for the connection's minute, past grab's 10s
 		// lock_timeout.
 		sent := time.Now()
-		_, err = tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, true))
+		_, err = tx.ExecContext(ctx, txlock.LockStatement([]txlock.Key{key}, false, holdBound, txlock.FormOwnTx))
 		require.NoError(t, err)
 		granted := time.Now()
 		lost := lostAt(t, grab(direct(t), key))

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+
+	"github.com/txlock/txlock/internal/seam"
 )
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -43,14 +45,19 @@ func TryLockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) (acquir
 }
 
 func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (bool, error) {
-	a := &callerTx{tx: tx}
-	c := &a.c
-	if err := c.init(opts, true); err != nil {
+	a := &callerTx{tx: sqlTx{tx}}
+	if err := a.c.init(opts, true); err != nil {
 		return false, err
 	}
 	if tx == nil {
 		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
 	}
+	return a.lock(ctx, key, try)
+}
+
+// lock is the lock loop of the LockTx family, once the options are valid.
+func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
+	c := &a.c
 	if err := key.Err(); err != nil {
 		return false, err
 	}
@@ -59,7 +66,7 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 	}
 	a.one[0] = key
 	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, false)
+	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, formCallerTx)
 	c.ev.start(ctx)
 	err := c.wait(ctx, &a.lease, a, nil)
 	if errors.Is(err, errBusy) {
@@ -72,7 +79,7 @@ func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (
 // caller's transaction.
 type callerTx struct {
 	c     config
-	tx    *sql.Tx
+	tx    seam.Execer
 	stmt  string
 	lease Lease
 	one   [1]Key
@@ -91,7 +98,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	}
 	out, err := runLockStatement(ctx, a.tx, savepoint+waitStatement(a.lease.Keys, a.c.shared, a.c.maxHold, b.window))
 	if err == nil {
-		if _, err := a.tx.ExecContext(ctx, releaseSavepoint); err != nil {
+		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return busy, fmt.Errorf("txlock: release savepoint: %w", err)
 		}
 		return out, nil
@@ -100,7 +107,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if code != codeLockNotAvailable && code != codeDeadlock && !isIsolationError(err) {
 		return busy, err
 	}
-	if _, rerr := a.tx.ExecContext(ctx, rollbackToSavepoint); rerr != nil {
+	if _, rerr := a.tx.ExecRows(ctx, rollbackToSavepoint); rerr != nil {
 		return busy, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
 	}
 	switch code {

@@ -36,7 +36,7 @@ import (
 
 func init() {
 	lockstmt.Exclusive = func(key int64) string {
-		return lockStatement([]Key{Int64Key(key)}, false, 0, true)
+		return lockStatement([]Key{Int64Key(key)}, false, 0, formOwnTx)
 	}
 }
 
@@ -64,6 +64,16 @@ func init() {
 // The set-returning function costs the server about as much again as the
 // lock itself, which is why txlock's own transactions use the first form.
 //
+// For a driver that sends the statement in one query with its BEGIN
+// (pgxlock), where only an error stops the query before the BEGIN, a busy
+// lock fails the statement too (22P02, carrying busyMarker), and a grant
+// returns its row:
+//
+//	SELECT 1 WHERE CASE
+//	  WHEN pg_catalog.pg_is_in_recovery() THEN ...
+//	  WHEN <the locks> THEN true
+//	  ELSE CAST(pg_catalog.set_config('txlock.busy', '<busyMarker>', true) AS integer) IS NULL END
+//
 // With a hold bound, a branch before the locks sets
 // idle_in_transaction_session_timeout for the transaction. It comes first so
 // that it covers every attempt: a partial grant of several keys, too, holds a
@@ -79,16 +89,22 @@ func init() {
 //	  WHEN NOT (<the locks>) THEN false
 //	  WHEN CASE ... pg_catalog.set_config('transaction_timeout', '<ms + margin>', true) ... END THEN false
 //	  ELSE true END
-func lockStatement(keys []Key, shared bool, maxHold time.Duration, ownTx bool) string {
+//
+// A suffix, if given, is appended to the statement in the same allocation.
+func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, suffix ...string) string {
 	fn := "pg_catalog.pg_try_advisory_xact_lock("
 	if shared {
 		fn = "pg_catalog.pg_try_advisory_xact_lock_shared("
 	}
 	no, yes, elseYes := " THEN 0", " THEN 1 ELSE 0 END)", " ELSE 1 END)"
-	var buf [1152]byte // one key's statement fits, with a hold bound too: building it costs only the string
+	busyNo := no       // the branch of a busy lock, under a hold bound
+	var buf [1280]byte // one key's statement fits, with a hold bound too: building it costs only the string
 	b := buf[:0]
-	if ownTx {
-		no, yes, elseYes = " THEN false", " THEN true ELSE false END", " ELSE true END"
+	if f != formCallerTx {
+		no, yes, elseYes, busyNo = " THEN false", " THEN true ELSE false END", " ELSE true END", " THEN false"
+		if f == formFailBusy {
+			yes, busyNo = " THEN true ELSE "+failBusy+" END", " THEN "+failBusy
+		}
 		b = append(b, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"...)
 	} else {
 		b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"...)
@@ -107,13 +123,30 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration, ownTx bool) s
 		b = append(b, ')')
 	}
 	if maxHold <= 0 {
-		return string(append(b, yes...))
+		b = append(b, yes...)
+	} else {
+		b = append(b, ')')
+		b = append(b, busyNo...)
+		b = appendTxTimeout(b, maxHold, no)
+		b = append(b, elseYes...)
 	}
-	b = append(b, ')')
-	b = append(b, no...)
-	b = appendTxTimeout(b, maxHold, no)
-	return string(append(b, elseYes...))
+	for _, x := range suffix {
+		b = append(b, x...)
+	}
+	return string(b)
 }
+
+// stmtForm is how a lock statement reports its outcome: see lockStatement.
+type stmtForm uint8
+
+const (
+	formOwnTx    stmtForm = iota // txlock's own transaction: a row if granted, none if busy, an error on a standby
+	formCallerTx                 // a caller's transaction (LockTx): 1 row if granted, 0 if busy, 2 on a standby
+	formFailBusy                 // sent with its BEGIN: a row if granted, an error if busy or on a standby
+)
+
+// failBusy is the busy branch of formFailBusy.
+const failBusy = "CAST(pg_catalog.set_config('txlock.busy', '" + busyMarker + "', true) AS integer) IS NULL"
 
 // waitStatement builds the statement of a ServerWait attempt, which waits
 // for the locks in the server's queue for at most window. Its rows mean what
@@ -355,9 +388,11 @@ const heartbeatStatement = "SELECT 1"
 
 // The statements report what is not a lock result through errors whose
 // text carries a marker: a standby (lockStatement in txlock's own
-// transaction) and a refused isolation level (waitStatement, termStatement).
+// transaction), a busy lock (formFailBusy) and a refused isolation level
+// (waitStatement, termStatement).
 const (
 	standbyMarker       = "txlock: the server is in recovery, no lock was attempted"
+	busyMarker          = "txlock: the lock is busy"
 	isolationMarker     = "txlock: ServerWait refused, the transaction is "
 	termIsolationMarker = "txlock: a term needs read committed, the transaction is "
 )
@@ -365,6 +400,11 @@ const (
 // isStandbyError reports lockStatement's error on a server in recovery.
 func isStandbyError(err error) bool {
 	return SQLState(err) == "22P02" && strings.Contains(err.Error(), standbyMarker)
+}
+
+// isBusyError reports formFailBusy's error for a busy lock.
+func isBusyError(err error) bool {
+	return SQLState(err) == "22P02" && strings.Contains(err.Error(), busyMarker)
 }
 
 // isIsolationError reports waitStatement's refusal of the transaction's

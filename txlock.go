@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txlock/txlock/internal/seam"
 )
 
 // Beginner is what WithLock needs of a database: *sql.DB, *sql.Conn and
@@ -138,6 +140,8 @@ type lockState struct {
 	lease Lease
 	db    Beginner // where the lock was taken: tokens are drawn there
 	tx    *sql.Tx  // the lock's transaction
+	// sess, for a driver's lock (see seam.go), stands for db and tx.
+	sess seam.Session
 
 	ended atomic.Bool // fn has returned: the lock is gone, or going
 	ev    *events     // the call's events, if it has an observer
@@ -234,7 +238,7 @@ func (cl *call) run(ctx context.Context, key Key, keys []Key, opts []Option) (ac
 		cl.one[0] = key
 		a.keys = cl.one[:]
 	}
-	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, true)
+	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
 	switch {

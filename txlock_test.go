@@ -872,23 +872,33 @@ func TestLockStatementShape(t *testing.T) {
 		" OPERATOR(pg_catalog.>) (pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) CAST('1650ms' AS interval))" +
 		" THEN CASE WHEN pg_catalog.set_config('transaction_timeout', '0', true) IS NULL THEN false" +
 		" ELSE pg_catalog.set_config('transaction_timeout', '1650', true) IS NULL END ELSE false END"
-	inTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, false)
+	inTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, txlock.FormCallerTx)
 	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
 		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0"+
 		" WHEN NOT ("+locks+") THEN 0"+txTimeout+" THEN 0 ELSE 1 END)", inTx)
-	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, true)
+	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, txlock.FormOwnTx)
 	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
 		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false"+
 		" WHEN NOT ("+locks+") THEN false"+txTimeout+" THEN false ELSE true END", ownTx)
 	// Without a hold bound, the statements set nothing.
-	plainInTx := txlock.LockStatement(keys, true, 0, false)
+	plainInTx := txlock.LockStatement(keys, true, 0, txlock.FormCallerTx)
 	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2 WHEN "+
 		locks+" THEN 1 ELSE 0 END)", plainInTx)
-	plainOwnTx := txlock.LockStatement(keys, true, 0, true)
+	plainOwnTx := txlock.LockStatement(keys, true, 0, txlock.FormOwnTx)
 	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
 		locks+" THEN true ELSE false END", plainOwnTx)
+	// Sent with its BEGIN (pgxlock), a busy lock fails the statement.
+	failBusy := "CAST(pg_catalog.set_config('txlock.busy', 'txlock: the lock is busy', true) AS integer) IS NULL"
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
+		locks+" THEN true ELSE "+failBusy+" END", txlock.LockStatement(keys, true, 0, txlock.FormFailBusy))
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
+		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false"+
+		" WHEN NOT ("+locks+") THEN "+failBusy+txTimeout+" THEN false ELSE true END",
+		txlock.LockStatement(keys, true, 1500*time.Millisecond, txlock.FormFailBusy))
 	// The margin is a tenth of the bound, at least 20ms and at most 1s, and
 	// no value exceeds what the settings accept (2147483647 ms).
 	for d, want := range map[time.Duration][2]string{
@@ -897,7 +907,7 @@ func TestLockStatementShape(t *testing.T) {
 		time.Minute:           {"60000", "61000"},
 		30 * 24 * time.Hour:   {"2147483647", "2147483647"},
 	} {
-		stmt := txlock.LockStatement(keys[:1], false, d, true)
+		stmt := txlock.LockStatement(keys[:1], false, d, txlock.FormOwnTx)
 		assert.Contains(t, stmt, "set_config('idle_in_transaction_session_timeout', '"+want[0]+"', true)", "bound %v", d)
 		assert.Contains(t, stmt, "set_config('transaction_timeout', '"+want[1]+"', true)", "bound %v", d)
 		assert.Contains(t, stmt, "CAST('"+want[1]+"ms' AS interval)", "bound %v", d)

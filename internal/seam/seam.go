@@ -1,0 +1,149 @@
+// Package seam lets txlock's driver packages (pgxlock) plug a way of
+// acquiring the lock into the library's lock loop. It exists only for them;
+// it is not part of txlock's API.
+//
+// Its types mirror the lock loop's own (see wait.go and txlock.go in package
+// txlock), in exported form and with standard types only: package txlock
+// imports this package and sets Run and LockTx at init, and a driver
+// package imports both. Values of txlock's own types (Key, Option) travel
+// as any, and package txlock checks them.
+package seam
+
+import (
+	"context"
+	"time"
+)
+
+// Outcome is what one attempt found.
+type Outcome int
+
+const (
+	Busy    Outcome = iota // another session holds a key; nothing is held
+	Granted                // every key is held, until the attempt's transaction ends
+	Standby                // the server is in recovery; nothing was locked
+)
+
+// Bound is what limits one attempt: see txlock's bound.
+type Bound struct {
+	Deadline time.Time
+	// WaitCtx ends at Deadline or with the caller's context; nil until
+	// the wait has needed it.
+	WaitCtx context.Context
+	// Window, if not 0, is how long the attempt may wait in the server's
+	// lock queue (ServerWait).
+	Window time.Duration
+	// PrevEnd, if not nil, is closed once the transaction of the caller
+	// that handed this call its turn has ended: the lock statement must not
+	// be sent before.
+	PrevEnd <-chan struct{}
+	// WaitStmt is the statement of a ServerWait window, when Window is
+	// set: it waits in the server's lock queue, and its row count is the
+	// outcome (RowsOutcome).
+	WaitStmt string
+}
+
+// An Acquirer makes a call's attempts and runs fn under a granted lock.
+type Acquirer interface {
+	// Attempt makes one attempt within b. Unless it reports Granted, it
+	// has let go of every connection it took before it returns, and left
+	// none in a transaction.
+	Attempt(ctx context.Context, b Bound) (Outcome, error)
+	// Hold runs fn under the granted lock with st as fn's context, then
+	// commits or rolls back, as WithLock documents. handOn, if not nil,
+	// runs once fn has returned, before the lock ends.
+	Hold(st State, handOn func()) error
+	// HoldUnlocked runs fn without the lock (WithFailOpen).
+	HoldUnlocked(ctx context.Context, st State) error
+	// Pooled reports whether the next caller of a local queue can begin
+	// while this call's lock ends.
+	Pooled() bool
+}
+
+// State is fn's context for one round of a call.
+type State interface {
+	context.Context
+	// Enter makes ctx the context fn's context wraps, and s the session
+	// that fencing tokens use; call it before fn runs.
+	Enter(ctx context.Context, s Session)
+	// Leave marks fn as returned: its lock is gone, or going.
+	Leave()
+}
+
+// Session is the lock's transaction, as fencing tokens need it.
+type Session interface {
+	// DrawRow runs query on another connection than the lock's and scans
+	// its row into dest. It returns an error matching txlock.ErrNoToken's
+	// text through NoToken when there is no other connection.
+	DrawRow(ctx context.Context, query string, dest ...any) error
+	// LockRow runs query in the lock's transaction and scans its row.
+	LockRow(ctx context.Context, query string, dest ...any) error
+}
+
+// Plan is what package txlock decided about a call, once its arguments
+// were valid: what the acquirer sends.
+type Plan struct {
+	// Begin is the BEGIN of the call's transaction, with the options of
+	// WithTxOptions.
+	Begin string
+	// Query is a polling attempt's query: the lock statement, in the form
+	// that fails (SQLSTATE 22P02, which Classify sorts out) when a key is
+	// busy, and Begin, in one string. The lock statement comes first
+	// unless BeginFirst.
+	Query string
+	// BeginFirst: Begin comes first in Query (the transaction has an
+	// explicit isolation level, which cannot be set after a query), and a
+	// busy attempt leaves the transaction aborted, to be rolled back.
+	BeginFirst bool
+	// MaxHold is WithMaxHold's bound, or 0.
+	MaxHold time.Duration
+}
+
+// Request is one WithLock-family call.
+type Request struct {
+	Key   any // a *txlock.Key; or, with Multi, Keys
+	Keys  any // a []txlock.Key
+	Multi bool
+	Try   bool
+	Opts  any // a []txlock.Option
+	// Queue is the handle callers of this process queue on for the same
+	// keys (the pool), or nil for no local queue.
+	Queue any
+	// Plan is set by Run before the first attempt.
+	Plan Plan
+	A    Acquirer
+}
+
+// Run runs a WithLock-family call with r.A. Package txlock sets it.
+var Run func(ctx context.Context, r *Request) (acquired bool, err error)
+
+// Execer runs a statement in a caller's transaction and returns its row
+// count.
+type Execer interface {
+	ExecRows(ctx context.Context, stmt string) (int64, error)
+}
+
+// TxRequest is one LockTx-family call.
+type TxRequest struct {
+	Key  any // a txlock.Key
+	Try  bool
+	Opts any // a []txlock.Option
+	Tx   Execer
+}
+
+// LockTx runs a LockTx-family call. Package txlock sets it.
+var LockTx func(ctx context.Context, r *TxRequest) (acquired bool, err error)
+
+// Helpers that the driver packages share with package txlock, set at its
+// init.
+var (
+	// RowsOutcome decodes the row count of a statement that reports its
+	// outcome in rows (WaitStmt, and the statements of LockTx).
+	RowsOutcome func(n int64) (Outcome, error)
+	// Classify sorts an attempt's statement error: (Busy, nil) for a busy
+	// lock or a ServerWait window that passed, (Standby, nil) for a server
+	// in recovery, else (Busy, the error, explained).
+	Classify func(err error) (Outcome, error)
+	// Queued counts the callers in this process's local queues, for the
+	// driver packages' tests.
+	Queued func() int
+)

@@ -1,0 +1,313 @@
+package pgxlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/seam"
+)
+
+// acquirer is the seam.Acquirer of a call: it makes the attempts on pool or
+// conn, and holds the granted lock.
+type acquirer struct {
+	pool *pgxpool.Pool // db, if it is a pool
+	conn *pgx.Conn     // db, if it is one connection
+	fn   func(context.Context, pgx.Tx) error
+	plan *seam.Plan
+
+	s0 session // the first round's session
+
+	// The granted lock.
+	ctx context.Context // the caller's context, which fn runs under
+	pc  *pgxpool.Conn   // the pool's connection, to release once the lock ends
+	tx  pgx.Tx
+}
+
+var _ seam.Acquirer = (*acquirer)(nil)
+
+// rollbackTimeout bounds a ROLLBACK sent after fn's context ended: a
+// connection that cannot roll back in that time is closed, which ends its
+// transaction (and its lock) in the server too.
+const rollbackTimeout = 5 * time.Second
+
+// Attempt implements seam.Acquirer. Taking a connection from the pool, and
+// waiting for the previous holder, end with the wait's context, or, when
+// the wait has none yet, with a context that ends at its deadline; the
+// attempt's query is bounded as it says below. fn runs under ctx.
+func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, error) {
+	actx := b.WaitCtx
+	if actx == nil {
+		actx = ctx
+		if d, ok := ctx.Deadline(); !ok || d.After(b.Deadline) {
+			var cancel context.CancelFunc
+			actx, cancel = context.WithDeadline(ctx, b.Deadline)
+			defer cancel()
+		}
+	}
+	c, pc, err := a.connect(actx)
+	if err != nil {
+		return seam.Busy, fmt.Errorf("txlock: acquiring a connection: %w", err)
+	}
+	if b.PrevEnd != nil {
+		// The previous holder of this process's queue handed its turn on
+		// before its transaction ended: the lock is free once it has.
+		select {
+		case <-b.PrevEnd:
+		case <-actx.Done():
+			a.release(pc)
+			return seam.Busy, context.Cause(actx)
+		}
+	}
+	if b.Window > 0 {
+		return a.window(ctx, actx, c, pc, b.WaitStmt)
+	}
+	// The query runs under ctx, and its I/O ends at the wait's deadline,
+	// which is set on the connection itself: pgx watches a context only if
+	// it can end, so an uncontended call of a context that cannot
+	// (context.Background) pays for no watch.
+	nc := c.PgConn().Conn()
+	_ = nc.SetDeadline(b.Deadline)
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Query})
+	if !c.IsClosed() {
+		_ = nc.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		if a.plan.BeginFirst {
+			a.rollback(actx, c)
+		}
+		a.release(pc)
+		if pastDeadline(err, b.Deadline) {
+			return seam.Busy, fmt.Errorf("txlock: the lock statement was cut off at the wait's deadline: %w: %w", context.DeadlineExceeded, err)
+		}
+		return seam.Classify(err)
+	}
+	return a.granted(ctx, pc, tx)
+}
+
+// pastDeadline reports an error of a connection whose deadline (the wait's)
+// has passed: pgx reports a timeout of its I/O.
+func pastDeadline(err error, deadline time.Time) bool {
+	var ne net.Error
+	return !time.Now().Before(deadline) && (pgconn.Timeout(err) || errors.As(err, &ne) && ne.Timeout())
+}
+
+// window makes a ServerWait attempt: BEGIN, then the statement that waits
+// in the server's lock queue for at most the window.
+func (a *acquirer) window(ctx, actx context.Context, c *pgx.Conn, pc *pgxpool.Conn, stmt string) (seam.Outcome, error) {
+	tx, err := c.BeginTx(actx, pgx.TxOptions{BeginQuery: a.plan.Begin})
+	if err != nil {
+		a.release(pc)
+		return seam.Busy, fmt.Errorf("txlock: begin: %w", err)
+	}
+	tag, err := tx.Exec(actx, stmt)
+	out := seam.Busy
+	if err == nil {
+		out, err = seam.RowsOutcome(tag.RowsAffected())
+	} else {
+		switch txlock.SQLState(err) {
+		case "55P03", "40P01": // the window passed, or the deadlock detector chose this wait
+			out, err = seam.Busy, nil
+		default:
+			out, err = seam.Classify(err)
+		}
+	}
+	if err != nil || out != seam.Granted {
+		_ = tx.Rollback(actx)
+		a.release(pc)
+		return out, err
+	}
+	return a.granted(ctx, pc, tx)
+}
+
+// granted keeps the granted lock for Hold, unless ctx ended as the lock was
+// granted: then it rolls back, and fn must not start.
+func (a *acquirer) granted(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) (seam.Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		a.end(ctx, tx)
+		a.release(pc)
+		return seam.Busy, err
+	}
+	a.ctx, a.pc, a.tx = ctx, pc, tx
+	return seam.Granted, nil
+}
+
+// connect returns the connection for an attempt: one of the pool's, or the
+// call's own.
+func (a *acquirer) connect(ctx context.Context) (*pgx.Conn, *pgxpool.Conn, error) {
+	if a.pool == nil {
+		return a.conn, nil, nil
+	}
+	pc, err := a.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pc.Conn(), pc, nil
+}
+
+// release returns a pool's connection, if the call took one. pgxpool
+// closes a connection that is still in a transaction instead of keeping it.
+func (a *acquirer) release(pc *pgxpool.Conn) {
+	if pc != nil {
+		pc.Release()
+	}
+}
+
+// rollback ends the aborted transaction that a busy attempt leaves when
+// BEGIN came first. On failure pgx closes the connection.
+func (a *acquirer) rollback(ctx context.Context, c *pgx.Conn) {
+	if c.PgConn().TxStatus() == 'I' || c.IsClosed() {
+		return
+	}
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = c.Close(context.Background())
+	}
+}
+
+// end rolls tx back under a context of its own, which a cancelled ctx does
+// not end at once: see rollbackTimeout.
+func (a *acquirer) end(ctx context.Context, tx pgx.Tx) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	return tx.Rollback(rctx)
+}
+
+// Pooled implements seam.Acquirer: on a pool, the next caller of a local
+// queue takes a connection of its own while this call's lock ends.
+func (a *acquirer) Pooled() bool { return a.pool != nil }
+
+// Hold implements seam.Acquirer.
+func (a *acquirer) Hold(st seam.State, handOn func()) error {
+	ctx, pc, tx := a.ctx, a.pc, a.tx
+	a.ctx, a.pc, a.tx = nil, nil, nil
+	return a.run(ctx, st, pc, tx, a.plan.MaxHold, handOn)
+}
+
+// HoldUnlocked implements seam.Acquirer: fn runs in a transaction of its
+// own, without the lock (txlock.WithFailOpen).
+func (a *acquirer) HoldUnlocked(ctx context.Context, st seam.State) error {
+	c, pc, err := a.connect(ctx)
+	if err != nil {
+		return fmt.Errorf("txlock: acquiring a connection: %w", err)
+	}
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
+	if err != nil {
+		a.release(pc)
+		return fmt.Errorf("txlock: begin: %w", err)
+	}
+	return a.run(ctx, st, pc, tx, 0, nil)
+}
+
+// run runs fn in tx with st as its context, then commits or rolls back as
+// txlock.WithLock documents, and returns the pool's connection.
+func (a *acquirer) run(ctx context.Context, st seam.State, pc *pgxpool.Conn, tx pgx.Tx, maxHold time.Duration, handOn func()) error {
+	fnCtx := ctx
+	if maxHold > 0 {
+		var stop context.CancelFunc
+		fnCtx, stop = context.WithTimeoutCause(ctx, maxHold, txlock.ErrHoldTimeout)
+		defer stop()
+	}
+	defer a.release(pc)
+	defer st.Leave()
+	// The first round's session is the call's own; a later round's (after
+	// a serialization failure) is new, since the earlier round's fn may
+	// have kept its context.
+	s := &a.s0
+	if s.tx != nil {
+		s = &session{}
+	}
+	*s = session{pool: a.pool, tx: tx}
+	st.Enter(fnCtx, s)
+	done := false
+	defer func() {
+		if !done { // fn panicked: roll back, and let the panic continue.
+			_ = a.end(ctx, tx)
+		}
+	}()
+	fnErr := a.fn(st, tx)
+	done = true
+	if handOn != nil {
+		handOn()
+	}
+	if fnErr != nil {
+		err := a.end(ctx, tx)
+		if errors.Is(err, pgx.ErrTxClosed) {
+			return errors.Join(fnErr, txlock.ErrTxDone)
+		}
+		if errors.Is(fnErr, txlock.ErrHoldTimeout) {
+			return fnErr
+		}
+		if cause := context.Cause(fnCtx); errors.Is(cause, txlock.ErrHoldTimeout) {
+			return errors.Join(fnErr, cause)
+		}
+		if maxHold > 0 && serverEndedHold(fnErr) {
+			// The server's side of the bound ended the session before the
+			// client's deadline fired.
+			return errors.Join(fnErr, txlock.ErrHoldTimeout)
+		}
+		return fnErr
+	}
+	if fnCtx.Err() != nil {
+		if err := a.end(ctx, tx); errors.Is(err, pgx.ErrTxClosed) {
+			return txlock.ErrTxDone
+		}
+		cause := context.Cause(fnCtx)
+		if errors.Is(cause, txlock.ErrHoldTimeout) {
+			return cause
+		}
+		return fmt.Errorf("txlock: transaction rolled back: %w", cause)
+	}
+	if err := tx.Commit(fnCtx); err != nil {
+		switch {
+		case errors.Is(err, pgx.ErrTxClosed):
+			return txlock.ErrTxDone
+		case errors.Is(err, pgx.ErrTxCommitRollback):
+			return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", txlock.ErrCommitFailed, err)
+		case fnCtx.Err() != nil:
+			return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", txlock.ErrCommitFailed, context.Cause(fnCtx), err)
+		}
+		return fmt.Errorf("%w: %w", txlock.ErrCommitFailed, err)
+	}
+	return nil
+}
+
+// serverEndedHold reports the errors by which the server ends a session for
+// WithMaxHold: idle_in_transaction_session_timeout (25P03) and, from
+// PostgreSQL 17, transaction_timeout (25P04).
+func serverEndedHold(err error) bool {
+	switch txlock.SQLState(err) {
+	case "25P03", "25P04":
+		return true
+	}
+	return false
+}
+
+// session is the lock's transaction as fencing tokens need it (seam.Session).
+type session struct {
+	pool *pgxpool.Pool
+	tx   pgx.Tx
+}
+
+// DrawRow runs the draw on another connection of the pool. It is sent with
+// the simple protocol, so that it works in every exec mode behind PgBouncer.
+func (s *session) DrawRow(ctx context.Context, query string, dest ...any) error {
+	if s.pool == nil {
+		return fmt.Errorf("%w: fencing tokens are drawn on a second connection, and the lock was given a single connection; give it the *pgxpool.Pool", txlock.ErrNoToken)
+	}
+	if s.pool.Config().MaxConns == 1 {
+		return fmt.Errorf("%w: the pool allows one connection (MaxConns 1), which the lock holds; a token needs a second", txlock.ErrNoToken)
+	}
+	return s.pool.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
+}
+
+// LockRow runs query in the lock's transaction.
+func (s *session) LockRow(ctx context.Context, query string, dest ...any) error {
+	return s.tx.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
+}

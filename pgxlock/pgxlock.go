@@ -1,0 +1,158 @@
+// Package pgxlock is txlock for pgx used natively: fn receives a pgx.Tx, on
+// a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn, and the lock rides in
+// the round trip of its transaction's BEGIN.
+//
+// Its functions are txlock's, with the same options, local queues, events,
+// fencing tokens (txlock.FenceToken on fn's context) and errors: read
+// txlock's documentation of WithLock, LockTx and the options for what they
+// do. What differs is how an attempt reaches the server:
+//
+//   - A polling attempt is one query, sent with the simple protocol whatever
+//     the connection's default_query_exec_mode: the lock statement, then
+//     BEGIN. A busy lock fails the statement (SQLSTATE 22P02, with a text
+//     that says the lock is busy), which ends the query before its BEGIN:
+//     the connection goes back to the pool idle, in no transaction, after
+//     one round trip. A grant goes on into the BEGIN, whose transaction
+//     keeps the lock, and fn runs in it. The server logs each busy attempt
+//     as an error (with log_min_error_statement at its default, with the
+//     statement).
+//   - With WithTxOptions at RepeatableRead or above (or any explicit
+//     level), BEGIN must come first, since the level cannot be set after a
+//     query: the query is BEGIN, then the lock statement, and a busy
+//     attempt costs a ROLLBACK too.
+//   - A ServerWait window (txlock.WithServerWait) is a BEGIN and the waiting
+//     statement, as in txlock: a window waits anyway, and the round trip it
+//     could save is not worth an error per window.
+//
+// The application's own queries in fn use the connection's exec mode;
+// behind PgBouncer 1.18 in transaction mode that must be one of the modes
+// that prepare nothing (exec, simple_protocol), while the lock's own
+// statements, and the draw of a fencing token, work in every mode.
+//
+// Unlike database/sql, pgx does not roll a transaction back when its
+// context ends. When fn's context ends (the caller's context, or the hold
+// bound of txlock.WithMaxHold), fn's next statement fails, and once fn
+// returns the transaction rolls back. A fn that keeps running without
+// sending anything keeps the lock until it returns, or until the server's
+// side of the hold bound (idle_in_transaction_session_timeout, and
+// transaction_timeout from PostgreSQL 17) ends the session.
+package pgxlock
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/seam"
+)
+
+// DB is where a lock is taken: a *pgxpool.Pool, a *pgxpool.Conn or a
+// *pgx.Conn. A connection (*pgxpool.Conn, *pgx.Conn) is one session, with
+// room for one transaction: it must not be shared by calls that run at the
+// same time, and fencing tokens, which are drawn on a second connection,
+// need the pool.
+type DB interface {
+	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+}
+
+// WithLock takes the exclusive transaction-scoped advisory lock key, then
+// runs fn in the same transaction, and commits: txlock.WithLock, with a
+// pgx.Tx.
+func WithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
+	_, err := run(ctx, db, key, nil, false, false, fn, opts)
+	return err
+}
+
+// WithLocks is WithLock for several keys, taken all or nothing:
+// txlock.WithLocks.
+func WithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
+	_, err := run(ctx, db, txlock.Key{}, keys, true, false, fn, opts)
+	return err
+}
+
+// TryWithLock makes one attempt at key; if the lock is busy it returns
+// (false, nil) without running fn: txlock.TryWithLock.
+func TryWithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+	return run(ctx, db, key, nil, false, true, fn, opts)
+}
+
+// TryWithLocks is TryWithLock for several keys, all or nothing.
+func TryWithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+	return run(ctx, db, txlock.Key{}, keys, true, true, fn, opts)
+}
+
+// LockTx takes the transaction-scoped advisory lock key inside the caller's
+// transaction tx: txlock.LockTx. Its statements take no arguments, so pgx
+// sends them with the simple protocol in every exec mode.
+func LockTx(ctx context.Context, tx pgx.Tx, key txlock.Key, opts ...txlock.Option) error {
+	_, err := lockTx(ctx, tx, key, false, opts)
+	return err
+}
+
+// TryLockTx makes one attempt at key inside the caller's transaction tx and
+// reports whether the lock was granted: txlock.TryLockTx.
+func TryLockTx(ctx context.Context, tx pgx.Tx, key txlock.Key, opts ...txlock.Option) (acquired bool, err error) {
+	return lockTx(ctx, tx, key, true, opts)
+}
+
+func lockTx(ctx context.Context, tx pgx.Tx, key txlock.Key, try bool, opts []txlock.Option) (bool, error) {
+	if tx == nil {
+		return false, fmt.Errorf("%w: tx is nil", txlock.ErrInvalidArgument)
+	}
+	return seam.LockTx(ctx, &seam.TxRequest{Key: key, Try: try, Opts: opts, Tx: execer{tx}})
+}
+
+// execer runs LockTx's statements in the caller's transaction.
+type execer struct{ tx pgx.Tx }
+
+func (e execer) ExecRows(ctx context.Context, stmt string) (int64, error) {
+	tag, err := e.tx.Exec(ctx, stmt)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// call is the state of one call, in one allocation.
+type call struct {
+	req seam.Request
+	a   acquirer
+	key txlock.Key
+}
+
+func run(ctx context.Context, db DB, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
+	cl := &call{}
+	a := &cl.a
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		if db != nil {
+			a.pool = db
+			cl.req.Queue = db
+		}
+	case *pgxpool.Conn:
+		if db != nil {
+			a.conn = db.Conn()
+		}
+	case *pgx.Conn:
+		a.conn = db
+	case nil:
+	default:
+		return false, fmt.Errorf("%w: db is a %T; give a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn", txlock.ErrInvalidArgument, db)
+	}
+	if a.pool == nil && a.conn == nil {
+		return false, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
+	}
+	if fn == nil {
+		return false, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
+	}
+	a.fn, a.plan = fn, &cl.req.Plan
+	cl.key = key
+	cl.req.Key, cl.req.Multi, cl.req.Try, cl.req.Opts, cl.req.A = &cl.key, multi, try, opts, a
+	if multi {
+		cl.req.Keys = keys
+	}
+	return seam.Run(ctx, &cl.req)
+}

@@ -1,0 +1,865 @@
+package pgxlock_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
+	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/internal/seam"
+	"github.com/txlock/txlock/pgxlock"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+var uniq = locktest.Uniq
+
+// newPool opens a pgxpool of at most maxConns connections on url, with pgx's
+// default_query_exec_mode set to mode ("" for pgx's default), and checks
+// when the test ends that no connection is left acquired.
+func newPool(t testing.TB, url, mode string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	if mode != "" {
+		url += "&default_query_exec_mode=" + mode
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.Eventually(t, func() bool { return pool.Stat().AcquiredConns() == 0 }, 5*time.Second, 10*time.Millisecond,
+			"connections still acquired: %d", pool.Stat().AcquiredConns())
+		pool.Close()
+	})
+	return pool
+}
+
+// direct returns a pool on the test PostgreSQL and the database/sql pool the
+// checks use, and checks after the test that no advisory lock is left.
+func direct(t testing.TB) (*pgxpool.Pool, *sql.DB) {
+	t.Helper()
+	url := pgtest.Postgres(t)
+	admin := locktest.Open(t, url, 10)
+	t.Cleanup(func() { requireNoAdvisoryLocks(t, admin) })
+	return newPool(t, url, "", 20), admin
+}
+
+// bouncer returns a pool through the test PgBouncer in mode, and the admin
+// console's URL.
+func bouncer(t testing.TB, mode string) (*pgxpool.Pool, *sql.DB, string) {
+	t.Helper()
+	url, adminURL := pgtest.PgBouncer(t)
+	_, admin := direct(t)
+	return newPool(t, url, mode, 20), admin, adminURL
+}
+
+func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
+	t.Helper()
+	var n int
+	require.Eventually(t, func() bool {
+		err := db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		return err == nil && n == 0
+	}, 5*time.Second, 10*time.Millisecond, "advisory locks left on the server: %d", n)
+}
+
+// ledger is a read-modify-write workload that loses updates, and records
+// overlapping runs, unless its steps are mutually exclusive.
+type ledger struct{ table string }
+
+func newLedger(t *testing.T, db *sql.DB) *ledger {
+	t.Helper()
+	l := &ledger{table: fmt.Sprintf("pgxledger_%d", time.Now().UnixNano())}
+	_, err := db.Exec(`CREATE TABLE ` + l.table + `_counter (n int NOT NULL);
+		INSERT INTO ` + l.table + `_counter VALUES (0);
+		CREATE TABLE ` + l.table + `_runs (id serial PRIMARY KEY, enter timestamptz NOT NULL, exit timestamptz)`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, err := db.Exec(`DROP TABLE ` + l.table + `_counter, ` + l.table + `_runs`)
+		assert.NoError(t, err)
+	})
+	return l
+}
+
+func (l *ledger) step(ctx context.Context, tx pgx.Tx) error {
+	var id, n int
+	if err := tx.QueryRow(ctx, `INSERT INTO `+l.table+`_runs (enter) VALUES (clock_timestamp()) RETURNING id`).Scan(&id); err != nil {
+		return err
+	}
+	if err := tx.QueryRow(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
+		return err
+	}
+	time.Sleep(2 * time.Millisecond)
+	if _, err := tx.Exec(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, `UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE id = $1`, id)
+	return err
+}
+
+// stepNoArgs is step with statements that take no arguments, which pgx
+// sends with the simple protocol in every exec mode.
+func (l *ledger) stepNoArgs(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+l.table+`_runs (enter, exit) VALUES (clock_timestamp(), NULL);
+		UPDATE `+l.table+`_counter SET n = n + 1;
+		SELECT pg_sleep(0.002);
+		UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE exit IS NULL`)
+	return err
+}
+
+func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
+	t.Helper()
+	require.NoError(t, db.QueryRow(`SELECT n FROM `+l.table+`_counter`).Scan(&n))
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+l.table+`_runs a JOIN `+l.table+`_runs b
+		ON a.id < b.id AND a.enter < b.exit AND b.enter < a.exit`).Scan(&overlaps))
+	return n, overlaps
+}
+
+func hammer(workers, iters int, run func() error) []error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range iters {
+				if err := run(); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestMutualExclusion(t *testing.T) {
+	const workers, iters = 8, 8
+	for _, tc := range []struct {
+		name   string
+		mode   string
+		bounce bool
+		noArgs bool // fn's own statements take no arguments
+	}{
+		{name: "direct"},
+		{name: "direct/simple_protocol", mode: "simple_protocol"},
+		{name: "pgbouncer/exec", mode: "exec", bounce: true},
+		{name: "pgbouncer/simple_protocol", mode: "simple_protocol", bounce: true},
+		{name: "pgbouncer/describe_exec", mode: "describe_exec", bounce: true},
+		{name: "pgbouncer/cache_describe", mode: "cache_describe", bounce: true},
+		// cache_statement prepares named statements, which PgBouncer 1.18
+		// in transaction mode mixes up between clients: fn's statements
+		// must not use it there, but the lock's own do not need to.
+		{name: "pgbouncer/cache_statement", mode: "cache_statement", bounce: true, noArgs: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pool *pgxpool.Pool
+			var admin *sql.DB
+			if tc.bounce {
+				pool, admin, _ = bouncer(t, tc.mode)
+			} else {
+				pool, admin = direct(t)
+				if tc.mode != "" {
+					pool = newPool(t, pgtest.Postgres(t), tc.mode, 20)
+				}
+			}
+			l := newLedger(t, admin)
+			step := l.step
+			if tc.noArgs {
+				step = l.stepNoArgs
+			}
+			key := txlock.StringKey(uniq(t))
+			errs := hammer(workers, iters, func() error {
+				return pgxlock.WithLock(context.Background(), pool, key, step, txlock.WithTimeout(30*time.Second))
+			})
+			require.Empty(t, errs)
+			n, overlaps := l.check(t, admin)
+			assert.Equal(t, workers*iters, n, "lost updates")
+			assert.Zero(t, overlaps, "critical sections overlapped")
+		})
+	}
+}
+
+// The same workload without the lock does lose updates: the check above
+// can fail.
+func TestMutualExclusionControl(t *testing.T) {
+	pool, admin := direct(t)
+	l := newLedger(t, admin)
+	errs := hammer(8, 8, func() error {
+		return pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error { return l.step(context.Background(), tx) })
+	})
+	require.Empty(t, errs)
+	n, overlaps := l.check(t, admin)
+	assert.Less(t, n, 64, "unlocked workload lost no update")
+	assert.NotZero(t, overlaps)
+}
+
+// A busy attempt hands its connection back to the pool idle, in no
+// transaction, and does not cost the pool the connection: the same backend
+// serves the next caller.
+func TestBusyAttemptReturnsIdleConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []txlock.Option
+		// The last window of a ServerWait call may be cut off by the
+		// wait's deadline rather than end in lock_timeout: pgx then
+		// closes the connection mid-statement, and the pool opens
+		// another.
+		mayReplace bool
+	}{
+		{"lock first", nil, false},
+		{"begin first", []txlock.Option{txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})}, false},
+		{"server wait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{Window: 20 * time.Millisecond})}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, admin := direct(t)
+			pool := newPool(t, pgtest.Postgres(t), "", 1)
+			key := txlock.StringKey(uniq(t))
+			locktest.Hold(t, admin, key, false)
+			var pid uint32
+			require.NoError(t, pool.AcquireFunc(context.Background(), func(c *pgxpool.Conn) error {
+				pid = c.Conn().PgConn().PID()
+				return nil
+			}))
+			opts := append([]txlock.Option{txlock.WithTimeout(300 * time.Millisecond)}, tc.opts...)
+			err := pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error { return nil }, opts...)
+			require.ErrorIs(t, err, txlock.ErrLockTimeout)
+			var te *txlock.LockTimeoutError
+			require.ErrorAs(t, err, &te)
+			assert.Greater(t, te.Attempts, 1)
+			c, err := pool.Acquire(context.Background())
+			require.NoError(t, err)
+			defer c.Release()
+			assert.Equal(t, byte('I'), c.Conn().PgConn().TxStatus(), "the connection came back in a transaction")
+			assert.EqualValues(t, 1, pool.Stat().TotalConns())
+			if !tc.mayReplace {
+				assert.Equal(t, pid, c.Conn().PgConn().PID(), "the pool lost its connection")
+			}
+			var state string
+			require.NoError(t, admin.QueryRow(`SELECT state FROM pg_stat_activity WHERE pid = $1`, c.Conn().PgConn().PID()).Scan(&state))
+			assert.Equal(t, "idle", state)
+		})
+	}
+}
+
+// A grant costs one round trip before fn: the lock statement and BEGIN are
+// one query, whose transaction fn then runs in. pg_stat_activity shows it.
+func TestLockRidesInBegin(t *testing.T) {
+	pool, _ := direct(t)
+	key := txlock.Int64Key(42)
+	err := pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		var query, state string
+		var held bool
+		require.NoError(t, tx.QueryRow(ctx, `SELECT a.state, EXISTS (SELECT FROM pg_locks l WHERE l.pid = pg_backend_pid() AND l.locktype = 'advisory' AND l.objid = 42 AND l.granted),
+			(SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid())
+			FROM pg_stat_activity a WHERE a.pid = pg_backend_pid()`).Scan(&state, &held, &query))
+		assert.True(t, held)
+		assert.Equal(t, "active", state)
+		lease, ok := txlock.LeaseFromContext(ctx)
+		require.True(t, ok)
+		assert.Equal(t, 1, lease.Attempts)
+		assert.True(t, txlock.Held(ctx))
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+func TestLockTimeout(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	locktest.Hold(t, admin, key, false)
+	called := false
+	start := time.Now()
+	err := pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
+		called = true
+		return nil
+	}, txlock.WithTimeout(time.Second))
+	require.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.False(t, called)
+	assert.NotErrorIs(t, err, context.DeadlineExceeded, "the timeout option, not the context, ran out")
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, []txlock.Key{key}, te.Keys)
+	assert.Greater(t, te.Attempts, 2)
+	assert.GreaterOrEqual(t, te.Waited, time.Second)
+	assert.Less(t, time.Since(start), 3*time.Second)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = pgxlock.WithLock(ctx, pool, key, func(context.Context, pgx.Tx) error { return nil })
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestCancelWhileWaiting(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	locktest.Hold(t, admin, key, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	err := pgxlock.WithLock(ctx, pool, key, func(context.Context, pgx.Tx) error { return nil }, txlock.WithTimeout(time.Minute))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestTryWithLock(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := locktest.Hold(t, admin, key, false)
+	called := false
+	ok, err := pgxlock.TryWithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
+		called = true
+		return nil
+	})
+	require.NoError(t, err)
+	assert.False(t, ok)
+	assert.False(t, called)
+	release()
+	ok, err = pgxlock.TryWithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
+		called = true
+		return nil
+	})
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.True(t, called)
+}
+
+func TestSharedAndExclusive(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := locktest.Hold(t, admin, key, true)
+	// Another shared holder gets in; an exclusive one does not.
+	ok, err := pgxlock.TryWithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error { return nil }, txlock.WithShared())
+	require.NoError(t, err)
+	assert.True(t, ok)
+	ok, err = pgxlock.TryWithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error { return nil })
+	require.NoError(t, err)
+	assert.False(t, ok)
+	release()
+	locktest.Hold(t, admin, key, false)
+	ok, err = pgxlock.TryWithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error { return nil }, txlock.WithShared())
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
+
+func TestMultiKeyAllOrNothing(t *testing.T) {
+	pool, admin := direct(t)
+	a, b := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
+	release := locktest.Hold(t, admin, b, false)
+	ok, err := pgxlock.TryWithLocks(context.Background(), pool, []txlock.Key{a, b}, func(context.Context, pgx.Tx) error { return nil })
+	require.NoError(t, err)
+	assert.False(t, ok)
+	// The partial grant of a was rolled back with the attempt.
+	ok, err = txlock.TryWithLock(context.Background(), admin, a, func(context.Context, *sql.Tx) error { return nil })
+	require.NoError(t, err)
+	assert.True(t, ok, "a was left locked by the failed attempt")
+	release()
+	err = pgxlock.WithLocks(context.Background(), pool, []txlock.Key{b, a, b}, func(ctx context.Context, tx pgx.Tx) error {
+		lease, _ := txlock.LeaseFromContext(ctx)
+		assert.Len(t, lease.Keys, 2)
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND granted`).Scan(&n))
+		assert.Equal(t, 2, n)
+		return nil
+	})
+	require.NoError(t, err)
+}
+
+func TestFnPaths(t *testing.T) {
+	pool, admin := direct(t)
+	table := fmt.Sprintf("pgxfn_%d", time.Now().UnixNano())
+	_, err := admin.Exec(`CREATE TABLE ` + table + ` (v text)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + table) })
+	count := func(v string) int {
+		var n int
+		require.NoError(t, admin.QueryRow(`SELECT count(*) FROM `+table+` WHERE v = $1`, v).Scan(&n))
+		return n
+	}
+	insert := func(v string) func(ctx context.Context, tx pgx.Tx) error {
+		return func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ($1)`, v)
+			return err
+		}
+	}
+	key := txlock.StringKey(uniq(t))
+
+	require.NoError(t, pgxlock.WithLock(context.Background(), pool, key, insert("commit")))
+	assert.Equal(t, 1, count("commit"))
+
+	boom := errors.New("boom")
+	err = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		require.NoError(t, insert("rollback")(ctx, tx))
+		return boom
+	})
+	assert.ErrorIs(t, err, boom)
+	assert.Zero(t, count("rollback"))
+
+	assert.PanicsWithValue(t, "fn panic", func() {
+		_ = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+			require.NoError(t, insert("panic")(ctx, tx))
+			panic("fn panic")
+		})
+	})
+	assert.Zero(t, count("panic"))
+
+	// fn ends the transaction itself.
+	err = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		return tx.Commit(ctx)
+	})
+	assert.ErrorIs(t, err, txlock.ErrTxDone)
+
+	// A statement of fn failed and fn returned nil: COMMIT rolls back.
+	err = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		require.NoError(t, insert("aborted")(ctx, tx))
+		_, _ = tx.Exec(ctx, `SELECT 1/0`)
+		return nil
+	})
+	assert.ErrorIs(t, err, txlock.ErrCommitFailed)
+	assert.ErrorIs(t, err, pgx.ErrTxCommitRollback)
+	assert.Zero(t, count("aborted"))
+
+	// A savepoint inside fn, as pgx does it.
+	err = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		nested, err := tx.Begin(ctx)
+		require.NoError(t, err)
+		require.NoError(t, insert("nested")(ctx, nested))
+		require.NoError(t, nested.Rollback(ctx))
+		return insert("outer")(ctx, tx)
+	})
+	require.NoError(t, err)
+	assert.Zero(t, count("nested"))
+	assert.Equal(t, 1, count("outer"))
+
+	// fn's context ends with the caller's: fn's statements fail, and the
+	// transaction rolls back.
+	ctx, cancel := context.WithCancel(context.Background())
+	err = pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		cancel()
+		return nil
+	})
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrCommitFailed)
+}
+
+func TestMaxHold(t *testing.T) {
+	pool, _ := direct(t)
+	key := txlock.StringKey(uniq(t))
+	// fn outlives the bound while idle: its context ends, its next
+	// statement fails, and the lock ends with ErrHoldTimeout.
+	start := time.Now()
+	err := pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		<-ctx.Done()
+		assert.ErrorIs(t, context.Cause(ctx), txlock.ErrHoldTimeout)
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return err
+	}, txlock.WithMaxHold(300*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
+	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
+
+	// The server's side of the bound ends a fn that sends nothing and
+	// does not return: idle_in_transaction_session_timeout ends the
+	// session, and the lock with it, while fn still runs.
+	admin := locktest.Open(t, pgtest.Postgres(t), 2)
+	freed := make(chan time.Duration, 1)
+	err = pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		begin := time.Now()
+		require.Eventually(t, func() bool {
+			ok, err := txlock.TryWithLock(context.Background(), admin, key, func(context.Context, *sql.Tx) error { return nil })
+			return err == nil && ok
+		}, 10*time.Second, 20*time.Millisecond, "the server did not end the frozen holder's session")
+		freed <- time.Since(begin)
+		return nil
+	}, txlock.WithMaxHold(500*time.Millisecond))
+	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
+	assert.GreaterOrEqual(t, <-freed, 400*time.Millisecond)
+
+	// A fn within the bound commits.
+	require.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT pg_sleep(0.05)`)
+		return err
+	}, txlock.WithMaxHold(1500*time.Millisecond)))
+}
+
+func TestStandbyRefused(t *testing.T) {
+	pool := newPool(t, pgtest.Standby(t), "", 4)
+	key := txlock.StringKey(uniq(t))
+	for name, opts := range map[string][]txlock.Option{
+		"lock first":  nil,
+		"begin first": {txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})},
+		"hold bound":  {txlock.WithMaxHold(time.Second)},
+		"server wait": {txlock.WithServerWait(txlock.ServerWait{})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			called := false
+			err := pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
+				called = true
+				return nil
+			}, opts...)
+			assert.ErrorIs(t, err, txlock.ErrStandby)
+			assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+			assert.False(t, called)
+		})
+	}
+	ok, err := pgxlock.TryWithLocks(context.Background(), pool, []txlock.Key{key, txlock.StringKey(uniq(t))}, func(context.Context, pgx.Tx) error { return nil })
+	assert.ErrorIs(t, err, txlock.ErrStandby)
+	assert.False(t, ok)
+	err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		_, err := pgxlock.TryLockTx(context.Background(), tx, key)
+		assert.ErrorIs(t, err, txlock.ErrStandby)
+		_, err = tx.Exec(context.Background(), `SELECT 1`)
+		return err
+	})
+	assert.NoError(t, err, "the caller's transaction is still usable")
+	c, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer c.Release()
+	assert.Equal(t, byte('I'), c.Conn().PgConn().TxStatus())
+}
+
+// Under REPEATABLE READ and SERIALIZABLE a racy read-modify-write loses
+// nothing: a stale snapshot fails with 40001, and fn runs again.
+func TestSerializationRetries(t *testing.T) {
+	for _, level := range []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable} {
+		t.Run(level.String(), func(t *testing.T) {
+			pool, admin := direct(t)
+			l := newLedger(t, admin)
+			key := txlock.StringKey(uniq(t))
+			var levels sync.Map
+			errs := hammer(6, 6, func() error {
+				return pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+					var got string
+					if err := tx.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&got); err != nil {
+						return err
+					}
+					levels.Store(got, true)
+					return l.step(ctx, tx)
+				}, txlock.WithTxOptions(&sql.TxOptions{Isolation: level}), txlock.WithSerializationRetries(20), txlock.WithTimeout(30*time.Second))
+			})
+			require.Empty(t, errs)
+			n, _ := l.check(t, admin)
+			assert.Equal(t, 36, n)
+			_, ok := levels.Load(map[sql.IsolationLevel]string{sql.LevelRepeatableRead: "repeatable read", sql.LevelSerializable: "serializable"}[level])
+			assert.True(t, ok)
+		})
+	}
+}
+
+func TestLockTx(t *testing.T) {
+	for _, mode := range []string{"", "exec", "simple_protocol"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			_, admin := direct(t)
+			pool := newPool(t, pgtest.Postgres(t), mode, 4)
+			key := txlock.StringKey(uniq(t))
+			err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+				require.NoError(t, pgxlock.LockTx(context.Background(), tx, key))
+				ok, err := txlock.TryWithLock(context.Background(), admin, key, func(context.Context, *sql.Tx) error { return nil })
+				require.NoError(t, err)
+				assert.False(t, ok, "the lock was not held in the caller's transaction")
+				return nil
+			})
+			require.NoError(t, err)
+			release := locktest.Hold(t, admin, key, false)
+			err = pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+				ok, err := pgxlock.TryLockTx(context.Background(), tx, key)
+				require.NoError(t, err)
+				assert.False(t, ok)
+				err = pgxlock.LockTx(context.Background(), tx, key, txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond}), txlock.WithTimeout(200*time.Millisecond))
+				assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+				_, err = tx.Exec(context.Background(), `SELECT 1`)
+				return err // the caller's transaction is still usable
+			})
+			require.NoError(t, err)
+			release()
+		})
+	}
+	err := pgxlock.LockTx(context.Background(), nil, txlock.Int64Key(1))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
+
+func TestFailOpen(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	locktest.Hold(t, admin, key, false)
+	ran := false
+	err := pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		ran = true
+		lease, ok := txlock.LeaseFromContext(ctx)
+		assert.True(t, ok)
+		assert.False(t, lease.Held)
+		assert.False(t, txlock.Held(ctx))
+		_, err := txlock.FenceToken(ctx)
+		assert.ErrorIs(t, err, txlock.ErrNoToken)
+		_, err = tx.Exec(ctx, `SELECT 1`)
+		return err
+	}, txlock.WithTimeout(200*time.Millisecond), txlock.WithFailOpen(nil))
+	require.NoError(t, err)
+	assert.True(t, ran)
+}
+
+func TestFenceToken(t *testing.T) {
+	for _, mode := range []string{"", "cache_statement"} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			url, _ := pgtest.PgBouncer(t)
+			_, admin := direct(t)
+			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+			pool := newPool(t, url, mode, 4)
+			key := txlock.StringKey(uniq(t))
+			var last int64
+			for range 3 {
+				require.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+					tok, err := txlock.FenceToken(ctx)
+					require.NoError(t, err)
+					again, err := txlock.FenceToken(ctx)
+					require.NoError(t, err)
+					assert.Equal(t, tok, again)
+					assert.Greater(t, tok, last)
+					last = tok
+					return nil
+				}))
+			}
+		})
+	}
+	// One connection: no second one to draw on.
+	_, admin := direct(t)
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+	one := newPool(t, pgtest.Postgres(t), "", 1)
+	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	for name, db := range map[string]pgxlock.DB{"pool of one": one, "conn": conn} {
+		t.Run(name, func(t *testing.T) {
+			require.NoError(t, pgxlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx pgx.Tx) error {
+				_, err := txlock.FenceToken(ctx)
+				assert.ErrorIs(t, err, txlock.ErrNoToken)
+				return nil
+			}))
+		})
+	}
+}
+
+// A *pgx.Conn and a *pgxpool.Conn take the lock on themselves.
+func TestSingleConnections(t *testing.T) {
+	pool, admin := direct(t)
+	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	pc, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer pc.Release()
+	for name, db := range map[string]pgxlock.DB{"pgx.Conn": conn, "pgxpool.Conn": pc} {
+		t.Run(name, func(t *testing.T) {
+			key := txlock.StringKey(uniq(t))
+			require.NoError(t, pgxlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) error {
+				ok, err := txlock.TryWithLock(context.Background(), admin, key, func(context.Context, *sql.Tx) error { return nil })
+				require.NoError(t, err)
+				assert.False(t, ok)
+				return nil
+			}))
+			release := locktest.Hold(t, admin, key, false)
+			ok, err := pgxlock.TryWithLock(context.Background(), db, key, func(context.Context, pgx.Tx) error { return nil })
+			require.NoError(t, err)
+			assert.False(t, ok)
+			release()
+		})
+	}
+	assert.Equal(t, byte('I'), conn.PgConn().TxStatus())
+}
+
+// Callers of one process queue locally on a pool: the lock passes between
+// them in FIFO order, and only the queue's head polls.
+func TestLocalQueue(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := locktest.Hold(t, admin, key, false)
+	var order []int
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for i := range 5 {
+		wg.Go(func() {
+			assert.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				return nil
+			}, txlock.WithTimeout(30*time.Second)))
+		})
+		// Each caller is in the queue before the next one comes.
+		require.Eventually(t, func() bool { return seam.Queued() == i+1 }, 5*time.Second, time.Millisecond)
+	}
+	release()
+	wg.Wait()
+	assert.Equal(t, []int{0, 1, 2, 3, 4}, order)
+}
+
+// The call's events are txlock's.
+func TestObserver(t *testing.T) {
+	pool, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	var kinds []txlock.EventKind
+	var mu sync.Mutex
+	obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		mu.Lock()
+		kinds = append(kinds, e.Kind)
+		mu.Unlock()
+		return ctx
+	})
+	release := locktest.Hold(t, admin, key, false)
+	var busy atomic.Int32
+	go func() {
+		require.Eventually(t, func() bool { return busy.Load() > 0 }, 5*time.Second, time.Millisecond)
+		release()
+	}()
+	obsBusy := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		if e.Kind == txlock.Busy {
+			busy.Add(1)
+		}
+		return obs(ctx, e)
+	})
+	require.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := txlock.FenceToken(ctx)
+		return err
+	}, txlock.WithObserver(obsBusy)))
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(kinds), 5)
+	assert.Equal(t, txlock.WaitStarted, kinds[0])
+	assert.Equal(t, txlock.Busy, kinds[1])
+	assert.Equal(t, []txlock.EventKind{txlock.Acquired, txlock.TokenIssued, txlock.Released}, kinds[len(kinds)-3:])
+}
+
+func TestBadInput(t *testing.T) {
+	pool, _ := direct(t)
+	fn := func(context.Context, pgx.Tx) error { return nil }
+	var nilPool *pgxpool.Pool
+	for name, err := range map[string]error{
+		"nil db":       pgxlock.WithLock(context.Background(), nil, txlock.Int64Key(1), fn),
+		"nil pool":     pgxlock.WithLock(context.Background(), nilPool, txlock.Int64Key(1), fn),
+		"nil fn":       pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), nil),
+		"zero key":     pgxlock.WithLock(context.Background(), pool, txlock.Key{}, fn),
+		"no keys":      pgxlock.WithLocks(context.Background(), pool, nil, fn),
+		"bad option":   pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTimeout(-1)),
+		"bad level":    pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSnapshot})),
+		"term options": pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithHeartbeat(txlock.Heartbeat{})),
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, txlock.ErrInvalidArgument) || errors.Is(err, txlock.ErrInvalidKey), "%v", err)
+		})
+	}
+	_, err := pgxlock.TryWithLock(context.Background(), otherDB{}, txlock.Int64Key(1), fn)
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "pgxlock_test.otherDB")
+}
+
+type otherDB struct{}
+
+func (otherDB) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) { return nil, nil }
+
+// Waiters pin no server connection through PgBouncer: 20 waiters in 4
+// pools (4 processes, in effect) behind a held lock, on 5 server
+// connections. Only the holder is linked to a server connection in every
+// sample, an unrelated client always gets through, and no backend waits on
+// the lock.
+func TestWaitersHoldNoServerConnection(t *testing.T) {
+	url, adminURL := pgtest.PgBouncer(t)
+	_, directDB := direct(t)
+	console, err := sql.Open("pgx", adminURL)
+	require.NoError(t, err)
+	defer console.Close()
+	key := txlock.StringKey(uniq(t))
+	pools := make([]*pgxpool.Pool, 4)
+	for i := range pools {
+		pools[i] = newPool(t, url, "exec", 5)
+	}
+	holder, err := pools[0].Begin(context.Background())
+	require.NoError(t, err)
+	_, err = holder.Exec(context.Background(), "SELECT pg_advisory_xact_lock("+locktest.LockArgs(key)+")")
+	require.NoError(t, err)
+
+	const waiters = 20
+	var granted atomic.Int32
+	var wg sync.WaitGroup
+	for i := range waiters {
+		wg.Go(func() {
+			assert.NoError(t, pgxlock.WithLock(context.Background(), pools[i%len(pools)], key, func(context.Context, pgx.Tx) error {
+				granted.Add(1)
+				return nil
+			}, txlock.WithTimeout(30*time.Second)))
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	const samples = 20
+	linked := map[string]int{}
+	for range samples {
+		for c := range linkedClients(t, console) {
+			linked[c]++
+		}
+		qctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var one int
+		require.NoError(t, pools[1].QueryRow(qctx, "SELECT 1").Scan(&one), "an unrelated client could not get a server connection")
+		cancel()
+		time.Sleep(25 * time.Millisecond)
+	}
+	always := 0
+	for _, n := range linked {
+		if n == samples {
+			always++
+		}
+	}
+	t.Logf("%d waiters in 4 pools on 5 server connections: %d clients seen linked, %d linked in all %d samples", waiters, len(linked), always, samples)
+	assert.Equal(t, 1, always, "only the holder may keep a server connection")
+	assert.Zero(t, granted.Load())
+	var blocked int
+	require.NoError(t, directDB.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&blocked))
+	assert.Zero(t, blocked, "no backend blocks on the lock")
+	require.NoError(t, holder.Rollback(context.Background()))
+	wg.Wait()
+	assert.Equal(t, int32(waiters), granted.Load())
+}
+
+// linkedClients returns the clients that PgBouncer has linked to a server
+// connection.
+func linkedClients(t *testing.T, console *sql.DB) map[string]bool {
+	t.Helper()
+	rows, err := console.Query("SHOW CLIENTS")
+	require.NoError(t, err)
+	defer rows.Close()
+	cols, err := rows.Columns()
+	require.NoError(t, err)
+	out := map[string]bool{}
+	for rows.Next() {
+		vals := make([]sql.NullString, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		require.NoError(t, rows.Scan(ptrs...))
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
+		}
+		if row["database"] == "postgres" && row["link"] != "" {
+			out[row["addr"]+":"+row["port"]] = true
+		}
+	}
+	require.NoError(t, rows.Err())
+	return out
+}

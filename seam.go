@@ -1,0 +1,190 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/txlock/txlock/internal/seam"
+)
+
+// This file plugs the driver packages (pgxlock) into the lock loop, through
+// internal/seam: a driver's acquirer makes the attempts and runs fn, and the
+// loop, the options, the local queues and the events stay the ones of
+// WithLock.
+
+func init() {
+	seam.Run = runDriver
+	seam.LockTx = lockTxDriver
+	seam.RowsOutcome = rowsOutcome
+	seam.Classify = classify
+	seam.Queued = queuedCallers
+}
+
+// queuedCallers counts the callers in this process's local queues: those
+// with the turn, and those waiting for it.
+func queuedCallers() int {
+	queues.Lock()
+	defer queues.Unlock()
+	n := 0
+	for _, q := range queues.m {
+		n += q.refs()
+	}
+	return n
+}
+
+// The outcomes are the seam's.
+var _ = [1]struct{}{}[busy-outcome(seam.Busy)+granted-outcome(seam.Granted)+standby-outcome(seam.Standby)]
+
+// driverCall is the state of one driver call, in one allocation.
+type driverCall struct {
+	c   config
+	a   driverAcquirer
+	t   ticket
+	st0 lockState
+	one [1]Key
+}
+
+// driverAcquirer is a driver's seam.Acquirer as the lock loop's acquirer.
+type driverAcquirer struct {
+	a    seam.Acquirer
+	c    *config
+	keys []Key
+}
+
+var _ acquirer = (*driverAcquirer)(nil)
+
+func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
+	sb := seam.Bound{Deadline: b.deadline, WaitCtx: b.waitCtx, Window: b.window, PrevEnd: b.prevEnd}
+	if b.window > 0 {
+		sb.WaitStmt = waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
+	}
+	o, err := d.a.Attempt(ctx, sb)
+	return outcome(o), err
+}
+
+func (d *driverAcquirer) hold(st *lockState, handOn func()) error { return d.a.Hold(st, handOn) }
+
+func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {
+	return d.a.HoldUnlocked(ctx, st)
+}
+
+func (d *driverAcquirer) pooled() bool { return d.a.Pooled() }
+
+// runDriver implements seam.Run: WithLock's validation and lock loop, with
+// the driver's acquirer.
+func runDriver(ctx context.Context, r *seam.Request) (bool, error) {
+	dc := &driverCall{}
+	c := &dc.c
+	opts, ok := r.Opts.([]Option)
+	if !ok && r.Opts != nil {
+		return false, fmt.Errorf("%w: options of type %T", ErrInvalidArgument, r.Opts)
+	}
+	if err := c.init(opts, false); err != nil {
+		return false, err
+	}
+	keys, err := driverKeys(r.Multi, r.Key, r.Keys, &dc.one)
+	if err != nil {
+		return false, err
+	}
+	dc.a = driverAcquirer{a: r.A, c: c, keys: keys}
+	if r.Plan, err = driverPlan(c, keys); err != nil {
+		return false, err
+	}
+	c.ev.start(ctx)
+	var t *ticket
+	switch {
+	case r.Try:
+		c.mode = tryOnce
+	case !c.shared && r.Queue != nil:
+		t = &dc.t
+		t.key = queueKey{handle: r.Queue, stmt: r.Plan.Query, serverWait: c.mode == inServer}
+	}
+	return run(ctx, c, &dc.a, keys, t, &dc.st0)
+}
+
+// driverPlan builds what a driver call sends: its BEGIN, and its polling
+// query, which is the lock statement (formFailBusy) and the BEGIN in one
+// string. The lock statement comes first, so that a busy lock ends the
+// query before the BEGIN and leaves the connection in no transaction,
+// unless the transaction has an explicit isolation level: PostgreSQL
+// refuses to set one once a query has run in the transaction, so BEGIN
+// then comes first, and a busy attempt leaves the transaction aborted,
+// for the driver to roll back.
+func driverPlan(c *config, keys []Key) (seam.Plan, error) {
+	p := seam.Plan{Begin: "BEGIN", MaxHold: c.maxHold}
+	if o := c.txOpts; o != nil {
+		level := ""
+		switch o.Isolation {
+		case sql.LevelDefault:
+		case sql.LevelReadUncommitted:
+			level = " ISOLATION LEVEL READ UNCOMMITTED"
+		case sql.LevelReadCommitted:
+			level = " ISOLATION LEVEL READ COMMITTED"
+		case sql.LevelRepeatableRead:
+			level = " ISOLATION LEVEL REPEATABLE READ"
+		case sql.LevelSerializable:
+			level = " ISOLATION LEVEL SERIALIZABLE"
+		default:
+			return p, fmt.Errorf("%w: WithTxOptions: PostgreSQL has no isolation level %v", ErrInvalidArgument, o.Isolation)
+		}
+		p.Begin += level
+		if o.ReadOnly {
+			p.Begin += " READ ONLY"
+		}
+		p.BeginFirst = level != ""
+	}
+	if p.BeginFirst {
+		p.Query = p.Begin + "; " + lockStatement(keys, c.shared, c.maxHold, formFailBusy)
+	} else {
+		p.Query = lockStatement(keys, c.shared, c.maxHold, formFailBusy, "; "+p.Begin)
+	}
+	return p, nil
+}
+
+// driverKeys checks a driver call's keys: key, or with multi, keys.
+func driverKeys(multi bool, key, keys any, one *[1]Key) ([]Key, error) {
+	if multi {
+		ks, ok := keys.([]Key)
+		if !ok {
+			return nil, fmt.Errorf("%w: keys of type %T", ErrInvalidArgument, keys)
+		}
+		return canonicalKeys(ks)
+	}
+	k, ok := key.(*Key)
+	if !ok || k == nil {
+		return nil, fmt.Errorf("%w: key of type %T", ErrInvalidArgument, key)
+	}
+	if err := k.Err(); err != nil {
+		return nil, err
+	}
+	one[0] = *k
+	return one[:], nil
+}
+
+// lockTxDriver implements seam.LockTx: LockTx in a driver's transaction.
+func lockTxDriver(ctx context.Context, r *seam.TxRequest) (bool, error) {
+	opts, ok := r.Opts.([]Option)
+	if !ok && r.Opts != nil {
+		return false, fmt.Errorf("%w: options of type %T", ErrInvalidArgument, r.Opts)
+	}
+	a := &callerTx{tx: r.Tx}
+	if err := a.c.init(opts, true); err != nil {
+		return false, err
+	}
+	key, ok := r.Key.(Key)
+	if !ok {
+		return false, fmt.Errorf("%w: key of type %T", ErrInvalidArgument, r.Key)
+	}
+	return a.lock(ctx, key, r.Try)
+}
+
+// Enter implements seam.State.
+func (st *lockState) Enter(ctx context.Context, s seam.Session) {
+	st.Context, st.sess = ctx, s
+}
+
+// Leave implements seam.State.
+func (st *lockState) Leave() { st.ended.Store(true) }
+
+var _ seam.State = (*lockState)(nil)
