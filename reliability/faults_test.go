@@ -23,18 +23,20 @@ var connectionFaults = []string{checker.ClassShutdown, checker.ClassNetwork, che
 // pg_terminate_backend: first one call of the test's own, in a known state,
 // then random holders of the running workload. The terminated call fails
 // with a connection error, its writes vanish, and the other workers proceed.
+// It runs with txlock, then with pgxlock.
 func TestFaultTerminateBackend(t *testing.T) {
-	for _, path := range []string{"direct", "pgbouncer"} {
-		t.Run(path, func(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name(), func(t *testing.T) {
+			path := v.path
 			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 4)
-			db := pool(t, dsn, workers)
+			db := newClient(t, v.lib, dsn, workers)
 			// A longer sleep keeps holders inside fn, where a termination
 			// lands mid-transaction.
 			l := newLedger(t, admin, checker.Config{Keys: keys, Sleep: 10 * time.Millisecond})
 			ctx := context.Background()
-			run := l.Start(db, workers, 0)
+			run := db.start(l, workers, 0)
 			require.True(t, run.WaitFor(100, 60*time.Second), "the workload made no progress")
 
 			// One call in a known state: it holds the lock and has written.
@@ -42,7 +44,7 @@ func TestFaultTerminateBackend(t *testing.T) {
 			_, err := admin.ExecContext(ctx, `CREATE TABLE `+table+` (v text)`)
 			require.NoError(t, err)
 			key := txlock.StringKey(table)
-			pids, resume, done := victim(db, key, table)
+			pids, resume, done := db.victim(key, table)
 			pid := <-pids
 			var ok bool
 			require.NoError(t, admin.QueryRowContext(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&ok))
@@ -77,9 +79,9 @@ func TestFaultTerminateBackend(t *testing.T) {
 			requireOnly(t, s, connectionFaults...)
 			assert.NotZero(t, s.Failures, "terminating holders must fail their calls")
 			rep := check(t, l, "after the run", s)
-			finish(t, l, leaks, admin, db)
-			figures(t, "path=%s terminations=%d acquisitions=%d failures=%v overlaps=%d lost=%d phantoms=%d",
-				path, terminated, s.Acquisitions, s.Classes, rep.Overlaps, rep.LostUpdates(), rep.Phantoms)
+			db.finish(t, l, leaks, admin)
+			figures(t, "lib=%s path=%s terminations=%d acquisitions=%d failures=%v overlaps=%d lost=%d phantoms=%d",
+				v.lib, path, terminated, s.Acquisitions, s.Classes, rep.Overlaps, rep.LostUpdates(), rep.Phantoms)
 		})
 	}
 }

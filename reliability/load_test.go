@@ -17,20 +17,23 @@ import (
 
 // TestLoad runs 64 workers on 8 keys, directly and through PgBouncer in
 // transaction mode with a 5-connection pool (fewer server connections than
-// workers: waiters must give theirs back, or the pool deadlocks). The CI
-// form makes 1,000 acquisitions per path; TXLOCK_LOAD=20000 makes the full
-// one.
+// workers: waiters must give theirs back, or the pool deadlocks), with
+// txlock on a *sql.DB, then with pgxlock on a *pgxpool.Pool (whose workload
+// statements, through PgBouncer, use pgx's exec mode "exec", which prepares
+// nothing). The CI form makes 1,000 acquisitions per run; TXLOCK_LOAD=20000
+// makes the full one.
 func TestLoad(t *testing.T) {
 	target := loadTarget(t)
-	for _, path := range []string{"direct", "pgbouncer"} {
-		t.Run(path, func(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name(), func(t *testing.T) {
+			path := v.path
 			pg, dsn := paths(t, path)
 			leaks := newLeaks()
 			admin := pool(t, pg, 4)
-			db := pool(t, dsn, workers)
+			db := newClient(t, v.lib, dsn, workers)
 			l := newLedger(t, admin, checker.Config{Keys: keys})
 
-			run := l.Start(db, workers, target)
+			run := db.start(l, workers, target)
 			// The invariant holds in every snapshot, mid-run too.
 			time.Sleep(500 * time.Millisecond)
 			check(t, l, "mid-run")
@@ -40,32 +43,37 @@ func TestLoad(t *testing.T) {
 			rep := check(t, l, "after the run", s)
 			assert.EqualValues(t, s.Acquisitions, rep.Sections)
 			assert.GreaterOrEqual(t, s.Acquisitions, target)
-			finish(t, l, leaks, admin, db)
-			figures(t, "path=%s workers=%d keys=%d acquisitions=%d duration=%v failures=%d overlaps=%d lost=%d",
-				path, workers, keys, s.Acquisitions, s.Duration.Round(time.Millisecond), s.Failures, rep.Overlaps, rep.LostUpdates())
+			db.finish(t, l, leaks, admin)
+			figures(t, "lib=%s path=%s workers=%d keys=%d acquisitions=%d duration=%v failures=%d overlaps=%d lost=%d",
+				v.lib, path, workers, keys, s.Acquisitions, s.Duration.Round(time.Millisecond), s.Failures, rep.Overlaps, rep.LostUpdates())
 		})
 	}
 }
 
 // TestControl runs the same workload without the lock, and shows that the
 // checks catch what the lock prevents: overlapping sections and lost
-// updates. A checker that cannot fail would prove nothing.
+// updates. A checker that cannot fail would prove nothing. It runs on a
+// *sql.DB, then on a *pgxpool.Pool, as TestLoad's pgxlock runs do.
 func TestControl(t *testing.T) {
-	pg := pgtest.Postgres(t)
-	leaks := newLeaks()
-	admin := pool(t, pg, 4)
-	db := pool(t, pg, 16)
-	l := newLedger(t, admin, checker.Config{Keys: 2, Sleep: 2 * time.Millisecond, Lock: checker.Unlocked()})
-	s := l.Start(db, 16, 400).Wait()
-	require.Zero(t, s.Failures, "%v", s.Samples)
-	rep, err := l.Check(context.Background(), s)
-	require.NoError(t, err)
-	t.Logf("without the lock: %v", rep)
-	assert.NotZero(t, rep.Overlaps, "the checker must see overlapping sections")
-	assert.NotZero(t, rep.DupVersions, "the checker must see lost updates")
-	assert.NotZero(t, rep.ChainBreaks)
-	assert.False(t, rep.Clean())
-	finish(t, l, leaks, admin, db)
+	for _, v := range []variant{{"txlock", "direct"}, {"pgxlock", "direct"}} {
+		t.Run(v.name(), func(t *testing.T) {
+			pg := pgtest.Postgres(t)
+			leaks := newLeaks()
+			admin := pool(t, pg, 4)
+			db := newClient(t, v.lib, pg, 16)
+			l := newLedger(t, admin, checker.Config{Keys: 2, Sleep: 2 * time.Millisecond, Lock: checker.Unlocked()})
+			s := db.start(l, 16, 400).Wait()
+			require.Zero(t, s.Failures, "%v", s.Samples)
+			rep, err := l.Check(context.Background(), s)
+			require.NoError(t, err)
+			t.Logf("without the lock: %v", rep)
+			assert.NotZero(t, rep.Overlaps, "the checker must see overlapping sections")
+			assert.NotZero(t, rep.DupVersions, "the checker must see lost updates")
+			assert.NotZero(t, rep.ChainBreaks)
+			assert.False(t, rep.Clean())
+			db.finish(t, l, leaks, admin)
+		})
+	}
 }
 
 // TestSoak runs for TXLOCK_SOAK (for example 10m), or for 15 seconds when

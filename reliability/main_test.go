@@ -14,12 +14,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/pgxlock"
 	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
@@ -65,6 +68,69 @@ func pool(t testing.TB, dsn string, n int) *sql.DB {
 	db.SetMaxIdleConns(n)
 	t.Cleanup(func() { db.Close() })
 	return db
+}
+
+// client is a workload's pool: a *sql.DB that txlock locks on, or a
+// *pgxpool.Pool that pgxlock does.
+type client struct {
+	db  *sql.DB
+	pgx *pgxpool.Pool
+}
+
+// newClient opens a client of lib ("txlock" or "pgxlock") on dsn, sized for
+// n concurrent callers. Its pool is closed when the test ends, or by finish.
+func newClient(t testing.TB, lib, dsn string, n int) client {
+	t.Helper()
+	if lib != "pgxlock" {
+		return client{db: pool(t, dsn, n)}
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	require.NoError(t, err)
+	cfg.MaxConns = int32(n)
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return client{pgx: p}
+}
+
+// start starts a run of l's workload on c.
+func (c client) start(l *checker.Ledger, workers int, target int64) *checker.Run {
+	if c.pgx != nil {
+		return l.StartPgx(c.pgx, workers, target)
+	}
+	return l.Start(c.db, workers, target)
+}
+
+// finish is finish on c's pool. A pgx pool is checked as finish checks a
+// *sql.DB: idle, and no advisory lock left, before closing it (which would
+// end its sessions, and so their locks), then the goroutines.
+func (c client) finish(t testing.TB, l *checker.Ledger, leaks *checker.Leaks, admin *sql.DB) {
+	t.Helper()
+	if c.pgx == nil {
+		finish(t, l, leaks, admin, c.db)
+		return
+	}
+	require.NoError(t, checker.PgxPoolIdle(c.pgx, 10*time.Second))
+	require.NoError(t, checker.NoAdvisoryLocks(admin, 10*time.Second))
+	c.pgx.Close()
+	finish(t, l, leaks, admin)
+}
+
+// variant is a path a workload takes ("direct" or "pgbouncer", see paths)
+// and the library it locks with ("txlock" on a *sql.DB, or "pgxlock" on a
+// *pgxpool.Pool).
+type variant struct{ lib, path string }
+
+// variants are every path with txlock, then with pgxlock.
+var variants = []variant{{"txlock", "direct"}, {"txlock", "pgbouncer"}, {"pgxlock", "direct"}, {"pgxlock", "pgbouncer"}}
+
+// name is the variant's subtest name: the path, after the library unless it
+// is txlock.
+func (v variant) name() string {
+	if v.lib == "txlock" {
+		return v.path
+	}
+	return v.lib + "-" + v.path
 }
 
 // bouncerDSN selects the pgx exec mode PgBouncer 1.18 needs.
@@ -172,6 +238,27 @@ func victim(db *sql.DB, key txlock.Key, table string, opts ...txlock.Option) (pi
 			pids <- pid
 			<-resume
 			_, err := tx.ExecContext(ctx, `INSERT INTO `+table+` VALUES ('after')`)
+			return err
+		}, opts...)
+	}()
+	return pids, resume, done
+}
+
+// victim is victim on c's pool: the same fn, on a pgx.Tx with pgxlock.
+func (c client) victim(key txlock.Key, table string, opts ...txlock.Option) (pids chan int, resume chan struct{}, done chan error) {
+	if c.pgx == nil {
+		return victim(c.db, key, table, opts...)
+	}
+	pids, resume, done = make(chan int, 1), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- pgxlock.WithLock(context.Background(), c.pgx, key, func(ctx context.Context, tx pgx.Tx) error {
+			var pid int
+			if err := tx.QueryRow(ctx, `INSERT INTO `+table+` VALUES ('written') RETURNING pg_backend_pid()`).Scan(&pid); err != nil {
+				return err
+			}
+			pids <- pid
+			<-resume
+			_, err := tx.Exec(ctx, `INSERT INTO `+table+` VALUES ('after')`)
 			return err
 		}, opts...)
 	}()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 )
 
@@ -46,6 +47,19 @@ func PoolIdle(db *sql.DB, timeout time.Duration) error {
 	for db.Stats().InUse != 0 {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("checker: %d connections still in use after %v: %+v", db.Stats().InUse, timeout, db.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+// PgxPoolIdle is PoolIdle for a pgx pool: it waits up to timeout for p to
+// have no connection acquired.
+func PgxPoolIdle(p *pgxpool.Pool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for p.Stat().AcquiredConns() != 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("checker: %d connections still acquired after %v", p.Stat().AcquiredConns(), timeout)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -23,39 +23,118 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/pgxlock"
 )
 
-// Locker runs fn holding every key of keys, in a transaction begun on db. It
-// is txlock.WithLock or txlock.WithLocks with some options, or Unlocked for
-// the control runs that show the checks can fail.
-type Locker func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error
+// Locker is how a section takes its keys: it runs fn holding every key of
+// keys, in a transaction begun on the run's pool, with txlock on a
+// database/sql pool (Start) and with pgxlock on a pgx pool (StartPgx). It is
+// Locked, or Unlocked for the control runs that show the checks can fail.
+type Locker struct {
+	sql func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error
+	pgx func(ctx context.Context, db pgxlock.DB, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error
+}
 
-// Locked returns the Locker that takes one key with txlock.WithLock and
-// several with txlock.WithLocks, passing opts.
+// Locked returns the Locker that takes one key with WithLock and several
+// with WithLocks (txlock's, or pgxlock's on a pgx pool), passing opts.
 func Locked(opts ...txlock.Option) Locker {
-	return func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
-		if len(keys) == 1 {
-			return txlock.WithLock(ctx, db, keys[0], fn, opts...)
-		}
-		return txlock.WithLocks(ctx, db, keys, fn, opts...)
+	return Locker{
+		sql: func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
+			if len(keys) == 1 {
+				return txlock.WithLock(ctx, db, keys[0], fn, opts...)
+			}
+			return txlock.WithLocks(ctx, db, keys, fn, opts...)
+		},
+		pgx: func(ctx context.Context, db pgxlock.DB, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
+			if len(keys) == 1 {
+				return pgxlock.WithLock(ctx, db, keys[0], fn, opts...)
+			}
+			return pgxlock.WithLocks(ctx, db, keys, fn, opts...)
+		},
 	}
 }
 
 // Unlocked returns a Locker that takes no lock: it runs fn in a plain
 // transaction. It exists for control runs, which must show violations.
 func Unlocked() Locker {
-	return func(ctx context.Context, db txlock.Beginner, _ []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
-		tx, err := db.BeginTx(ctx, nil)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback() }()
-		if err := fn(ctx, tx); err != nil {
-			return err
-		}
-		return tx.Commit()
+	return Locker{
+		sql: func(ctx context.Context, db txlock.Beginner, _ []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback() }()
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			return tx.Commit()
+		},
+		pgx: func(ctx context.Context, db pgxlock.DB, _ []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
+			tx, err := db.BeginTx(ctx, pgx.TxOptions{})
+			if err != nil {
+				return err
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if err := fn(ctx, tx); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		},
 	}
+}
+
+// sectionTx is the transaction a section runs in, whichever the driver.
+type sectionTx interface {
+	exec(ctx context.Context, query string, args ...any) error
+	query(ctx context.Context, query string, args ...any) (sectionRows, error)
+}
+
+// sectionRows is what a section reads of a query's result.
+type sectionRows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+	Close() error
+}
+
+type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) exec(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	return err
+}
+
+func (t sqlTx) query(ctx context.Context, query string, args ...any) (sectionRows, error) {
+	return t.tx.QueryContext(ctx, query, args...)
+}
+
+// pgxTx runs a section's statements in the pool's exec mode.
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) exec(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.Exec(ctx, query, args...)
+	return err
+}
+
+func (t pgxTx) query(ctx context.Context, query string, args ...any) (sectionRows, error) {
+	rows, err := t.tx.Query(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgxRows{rows}, nil
+}
+
+// pgxRows reports the result's error in Err alone: pgx closes the rows, and
+// settles it, once Next has returned false.
+type pgxRows struct{ pgx.Rows }
+
+func (r pgxRows) Close() error {
+	r.Rows.Close()
+	return nil
 }
 
 // Config describes a ledger workload. Zero fields take the defaults noted.
@@ -94,7 +173,7 @@ func New(ctx context.Context, admin *sql.DB, cfg Config) (*Ledger, error) {
 	if cfg.CrossKeyPct == 0 {
 		cfg.CrossKeyPct = 50
 	}
-	if cfg.Lock == nil {
+	if cfg.Lock.sql == nil {
 		cfg.Lock = Locked(txlock.WithTimeout(30 * time.Second))
 	}
 	if cfg.ErrorPause == 0 {
@@ -179,7 +258,7 @@ func (l *Ledger) plan(r *mrand.Rand) move {
 
 // section is the critical section: a racy read-sleep-write transfer that
 // records its entry and exit.
-func (l *Ledger) section(ctx context.Context, tx *sql.Tx, m move) error {
+func (l *Ledger) section(ctx context.Context, tx sectionTx, m move) error {
 	var sb strings.Builder
 	args := []any{m.sid}
 	sb.WriteString(`INSERT INTO ` + l.prefix + `_sections (sid, key, pid, enter) VALUES `)
@@ -190,10 +269,10 @@ func (l *Ledger) section(ctx context.Context, tx *sql.Tx, m move) error {
 		args = append(args, int64(k))
 		fmt.Fprintf(&sb, "($1, $%d, pg_backend_pid(), clock_timestamp())", len(args))
 	}
-	if _, err := tx.ExecContext(ctx, sb.String(), args...); err != nil {
+	if err := tx.exec(ctx, sb.String(), args...); err != nil {
 		return err
 	}
-	rows, err := tx.QueryContext(ctx, `SELECT id, balance, version FROM `+l.prefix+`_accounts WHERE id IN ($1, $2)`, m.from, m.to)
+	rows, err := tx.query(ctx, `SELECT id, balance, version FROM `+l.prefix+`_accounts WHERE id IN ($1, $2)`, m.from, m.to)
 	if err != nil {
 		return err
 	}
@@ -225,15 +304,14 @@ func (l *Ledger) section(ctx context.Context, tx *sql.Tx, m move) error {
 	}
 	for _, w := range writes {
 		a := seen[w.id]
-		if _, err := tx.ExecContext(ctx, `WITH h AS (INSERT INTO `+l.prefix+`_history (account, version, before, after, sid)
+		if err := tx.exec(ctx, `WITH h AS (INSERT INTO `+l.prefix+`_history (account, version, before, after, sid)
 				VALUES ($1, $2, $3, $4, $5))
 			UPDATE `+l.prefix+`_accounts SET balance = $4, version = $2 WHERE id = $1`,
 			w.id, a.version+1, a.balance, a.balance+w.delta, m.sid); err != nil {
 			return err
 		}
 	}
-	_, err = tx.ExecContext(ctx, `UPDATE `+l.prefix+`_sections SET exit = clock_timestamp() WHERE sid = $1`, m.sid)
-	return err
+	return tx.exec(ctx, `UPDATE `+l.prefix+`_sections SET exit = clock_timestamp() WHERE sid = $1`, m.sid)
 }
 
 // Outcome is the result of one call of the Locker, as the caller saw it.
@@ -248,7 +326,7 @@ type Outcome struct {
 // Run is a workload running on one pool.
 type Run struct {
 	l       *Ledger
-	db      txlock.Beginner
+	lock    func(ctx context.Context, keys []txlock.Key, fn func(context.Context, sectionTx) error) error
 	target  int64
 	workers int
 	stopped atomic.Bool
@@ -268,7 +346,21 @@ type Run struct {
 // Start runs workers goroutines, each calling the Locker in a loop on db,
 // until Stop, or until target calls have succeeded (0: no target).
 func (l *Ledger) Start(db txlock.Beginner, workers int, target int64) *Run {
-	r := &Run{l: l, db: db, target: target, workers: workers, start: time.Now(), classes: map[string]int{}, samples: map[string]string{}}
+	return l.start(workers, target, func(ctx context.Context, keys []txlock.Key, fn func(context.Context, sectionTx) error) error {
+		return l.cfg.Lock.sql(ctx, db, keys, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, sqlTx{tx}) })
+	})
+}
+
+// StartPgx is Start on a pgx pool: the Locker takes the keys with pgxlock,
+// and the sections run on its pgx.Tx, in the pool's exec mode.
+func (l *Ledger) StartPgx(db *pgxpool.Pool, workers int, target int64) *Run {
+	return l.start(workers, target, func(ctx context.Context, keys []txlock.Key, fn func(context.Context, sectionTx) error) error {
+		return l.cfg.Lock.pgx(ctx, db, keys, func(ctx context.Context, tx pgx.Tx) error { return fn(ctx, pgxTx{tx}) })
+	})
+}
+
+func (l *Ledger) start(workers int, target int64, lock func(context.Context, []txlock.Key, func(context.Context, sectionTx) error) error) *Run {
+	r := &Run{l: l, lock: lock, target: target, workers: workers, start: time.Now(), classes: map[string]int{}, samples: map[string]string{}}
 	for w := range workers {
 		r.wg.Add(1)
 		go r.worker(uint64(w))
@@ -294,7 +386,7 @@ func (r *Run) worker(seed uint64) {
 			keys = append(keys, r.l.keys[k])
 		}
 		fnDone := false
-		err := r.l.cfg.Lock(ctx, r.db, keys, func(ctx context.Context, tx *sql.Tx) error {
+		err := r.lock(ctx, keys, func(ctx context.Context, tx sectionTx) error {
 			err := r.l.section(ctx, tx, m)
 			fnDone = err == nil
 			return err
