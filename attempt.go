@@ -245,11 +245,9 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 func runLockStatement(ctx context.Context, tx seam.Execer, stmt string) (outcome, error) {
 	n, err := tx.ExecRows(ctx, stmt)
 	if err != nil {
-		o, err := classify(err)
-		return outcome(o), err
+		return classify(err)
 	}
-	o, err := rowsOutcome(n)
-	return outcome(o), err
+	return rowsOutcome(n)
 }
 
 // classify sorts a lock statement's error: see seam.Classify. A ServerWait

@@ -33,9 +33,6 @@ func queuedCallers() int {
 	return n
 }
 
-// The outcomes are the seam's.
-var _ = [1]struct{}{}[busy-outcome(seam.Busy)+granted-outcome(seam.Granted)+standby-outcome(seam.Standby)]
-
 // driverCall is the state of one driver call, in one allocation.
 type driverCall struct {
 	c   config
@@ -59,8 +56,7 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	if b.window > 0 {
 		sb.WaitStmt = waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
 	}
-	o, err := d.a.Attempt(ctx, sb)
-	return outcome(o), err
+	return d.a.Attempt(ctx, sb)
 }
 
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error { return d.a.Hold(st, handOn) }
@@ -172,11 +168,11 @@ func lockTxDriver(ctx context.Context, r *seam.TxRequest) (bool, error) {
 	if err := a.c.init(opts, true); err != nil {
 		return false, err
 	}
-	key, ok := r.Key.(Key)
-	if !ok {
+	key, ok := r.Key.(*Key)
+	if !ok || key == nil {
 		return false, fmt.Errorf("%w: key of type %T", ErrInvalidArgument, r.Key)
 	}
-	return a.lock(ctx, key, r.Try)
+	return a.lock(ctx, *key, r.Try)
 }
 
 // Enter implements seam.State.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/txlock/txlock/internal/seam"
 )
 
 // This file is the wait loop: how one call makes attempts until the lock is
@@ -19,13 +21,14 @@ type attempter interface {
 	attempt(ctx context.Context, b bound) (outcome, error)
 }
 
-// outcome is what one attempt found.
-type outcome int
+// outcome is what one attempt found: the seam's Outcome, which driver
+// packages report too (see seam.go).
+type outcome = seam.Outcome
 
 const (
-	busy    outcome = iota // another session holds a key; nothing is held
-	granted                // every key is held, until the attempt's transaction ends
-	standby                // the server is in recovery; nothing was locked
+	busy    = seam.Busy    // another session holds a key; nothing is held
+	granted = seam.Granted // every key is held, until the attempt's transaction ends
+	standby = seam.Standby // the server is in recovery; nothing was locked
 )
 
 // bound is what limits one attempt.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,9 +27,11 @@ type acquirer struct {
 	s0 session // the first round's session
 
 	// The granted lock.
-	ctx context.Context // the caller's context, which fn runs under
-	pc  *pgxpool.Conn   // the pool's connection, to release once the lock ends
-	tx  pgx.Tx
+	ctx      context.Context    // the caller's context
+	fnCtx    context.Context    // ctx, with the hold bound if any: fn runs under it
+	stopHold context.CancelFunc // releases the hold bound's context
+	pc       *pgxpool.Conn      // the pool's connection, to release once the lock ends
+	tx       pgx.Tx
 }
 
 var _ seam.Acquirer = (*acquirer)(nil)
@@ -38,10 +41,11 @@ var _ seam.Acquirer = (*acquirer)(nil)
 // transaction (and its lock) in the server too.
 const rollbackTimeout = 5 * time.Second
 
-// Attempt implements seam.Acquirer. Taking a connection from the pool, and
-// waiting for the previous holder, end with the wait's context, or, when
-// the wait has none yet, with a context that ends at its deadline; the
-// attempt's query is bounded as it says below. fn runs under ctx.
+// Attempt implements seam.Acquirer. Waiting for the previous holder, and
+// taking a connection from the pool, end with the wait's context, or, when
+// the wait has none yet, with a context that ends at its deadline. The
+// attempt's statements run under ctx, with a deadline on the connection
+// itself (see deadline and stallGrace). fn runs under ctx.
 func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, error) {
 	actx := b.WaitCtx
 	if actx == nil {
@@ -52,62 +56,81 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, err
 			defer cancel()
 		}
 	}
+	if b.PrevEnd != nil {
+		// The previous holder of this process's queue handed its turn on
+		// before its transaction ended: the lock is free once it has. Wait
+		// for that without a connection; taking one from the pool after
+		// costs microseconds.
+		select {
+		case <-b.PrevEnd:
+		case <-actx.Done():
+			return seam.Busy, context.Cause(actx)
+		}
+	}
 	c, pc, err := a.connect(actx)
 	if err != nil {
 		return seam.Busy, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
-	if b.PrevEnd != nil {
-		// The previous holder of this process's queue handed its turn on
-		// before its transaction ended: the lock is free once it has.
-		select {
-		case <-b.PrevEnd:
-		case <-actx.Done():
-			a.release(pc)
-			return seam.Busy, context.Cause(actx)
-		}
-	}
 	if b.Window > 0 {
-		return a.window(ctx, actx, c, pc, b.WaitStmt)
+		return a.window(ctx, c, pc, b)
 	}
-	// The query runs under ctx, and its I/O ends at the wait's deadline,
-	// which is set on the connection itself: pgx watches a context only if
-	// it can end, so an uncontended call of a context that cannot
-	// (context.Background) pays for no watch.
-	nc := c.PgConn().Conn()
-	_ = nc.SetDeadline(b.Deadline)
+	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Query})
-	if !c.IsClosed() {
-		_ = nc.SetDeadline(time.Time{})
-	}
+	reset()
 	if err != nil {
-		if a.plan.BeginFirst {
-			a.rollback(actx, c)
-		}
+		a.rollback(ctx, c)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return seam.Busy, fmt.Errorf("txlock: the lock statement was cut off at the wait's deadline: %w: %w", context.DeadlineExceeded, err)
+			return seam.Busy, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 		}
 		return seam.Classify(err)
 	}
 	return a.granted(ctx, pc, tx)
 }
 
-// pastDeadline reports an error of a connection whose deadline (the wait's)
-// has passed: pgx reports a timeout of its I/O.
+// deadline bounds the I/O of c's next statements by t, on the connection
+// itself, as pgx's own context watcher does when a context ends: pgx
+// watches a context only if it can end, so an uncontended call under one
+// that cannot (context.Background) pays for no watch, and a stalled
+// connection is still cut off (pgx then closes it).
+// The returned func takes the deadline off again.
+func deadline(c *pgx.Conn, t time.Time) (reset func()) {
+	nc := c.PgConn().Conn()
+	_ = nc.SetDeadline(t)
+	return func() {
+		if !c.IsClosed() {
+			_ = nc.SetDeadline(time.Time{})
+		}
+	}
+}
+
+// pastDeadline reports an error of a connection cut off after the wait's
+// deadline: pgx reports a timeout of its I/O.
 func pastDeadline(err error, deadline time.Time) bool {
 	var ne net.Error
 	return !time.Now().Before(deadline) && (pgconn.Timeout(err) || errors.As(err, &ne) && ne.Timeout())
 }
 
+// stallGrace is how long after the wait's deadline an attempt's connection
+// is cut off, which closes it. An attempt begun just before the deadline,
+// or a ServerWait window that the loop ends at the deadline with
+// lock_timeout, is answered an instant after it, on a connection still
+// usable: the grace lets that answer arrive, so that only a connection
+// whose server does not answer is closed (a caller's own *pgx.Conn too).
+const stallGrace = time.Second
+
 // window makes a ServerWait attempt: BEGIN, then the statement that waits
 // in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx, actx context.Context, c *pgx.Conn, pc *pgxpool.Conn, stmt string) (seam.Outcome, error) {
-	tx, err := c.BeginTx(actx, pgx.TxOptions{BeginQuery: a.plan.Begin})
+func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Outcome, error) {
+	reset := deadline(c, b.Deadline.Add(stallGrace))
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
 	if err != nil {
+		reset()
 		a.release(pc)
 		return seam.Busy, fmt.Errorf("txlock: begin: %w", err)
 	}
-	tag, err := tx.Exec(actx, stmt)
+	tag, err := tx.Exec(ctx, b.WaitStmt)
+	reset()
 	out := seam.Busy
 	if err == nil {
 		out, err = seam.RowsOutcome(tag.RowsAffected())
@@ -116,26 +139,36 @@ func (a *acquirer) window(ctx, actx context.Context, c *pgx.Conn, pc *pgxpool.Co
 		case "55P03", "40P01": // the window passed, or the deadlock detector chose this wait
 			out, err = seam.Busy, nil
 		default:
-			out, err = seam.Classify(err)
+			if pastDeadline(err, b.Deadline) {
+				err = fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			} else {
+				out, err = seam.Classify(err)
+			}
 		}
 	}
 	if err != nil || out != seam.Granted {
-		_ = tx.Rollback(actx)
+		_ = a.end(ctx, tx)
 		a.release(pc)
 		return out, err
 	}
 	return a.granted(ctx, pc, tx)
 }
 
-// granted keeps the granted lock for Hold, unless ctx ended as the lock was
-// granted: then it rolls back, and fn must not start.
+// granted keeps the granted lock for Hold, with the hold bound started
+// (WithMaxHold: the server's side of it started with the lock statement),
+// unless ctx ended as the lock was granted: then it rolls back, and fn must
+// not start.
 func (a *acquirer) granted(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) (seam.Outcome, error) {
 	if err := ctx.Err(); err != nil {
-		a.end(ctx, tx)
+		_ = a.end(ctx, tx)
 		a.release(pc)
 		return seam.Busy, err
 	}
 	a.ctx, a.pc, a.tx = ctx, pc, tx
+	a.fnCtx, a.stopHold = ctx, nil
+	if d := a.plan.MaxHold; d > 0 {
+		a.fnCtx, a.stopHold = context.WithTimeoutCause(ctx, d, txlock.ErrHoldTimeout)
+	}
 	return seam.Granted, nil
 }
 
@@ -160,14 +193,17 @@ func (a *acquirer) release(pc *pgxpool.Conn) {
 	}
 }
 
-// rollback ends the aborted transaction that a busy attempt leaves when
-// BEGIN came first. On failure pgx closes the connection.
+// rollback ends the transaction a failed attempt left on c (an aborted
+// one when BEGIN came first), under a context of its own (see
+// rollbackTimeout). On failure it closes the connection.
 func (a *acquirer) rollback(ctx context.Context, c *pgx.Conn) {
-	if c.PgConn().TxStatus() == 'I' || c.IsClosed() {
+	if c.IsClosed() || c.PgConn().TxStatus() == 'I' {
 		return
 	}
-	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
-		_ = c.Close(context.Background())
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	if _, err := c.Exec(rctx, "ROLLBACK"); err != nil {
+		_ = c.Close(rctx)
 	}
 }
 
@@ -185,9 +221,12 @@ func (a *acquirer) Pooled() bool { return a.pool != nil }
 
 // Hold implements seam.Acquirer.
 func (a *acquirer) Hold(st seam.State, handOn func()) error {
-	ctx, pc, tx := a.ctx, a.pc, a.tx
-	a.ctx, a.pc, a.tx = nil, nil, nil
-	return a.run(ctx, st, pc, tx, a.plan.MaxHold, handOn)
+	ctx, fnCtx, stop, pc, tx := a.ctx, a.fnCtx, a.stopHold, a.pc, a.tx
+	a.ctx, a.fnCtx, a.stopHold, a.pc, a.tx = nil, nil, nil, nil, nil
+	if stop != nil {
+		defer stop()
+	}
+	return a.run(ctx, fnCtx, st, pc, tx, stop != nil, handOn)
 }
 
 // HoldUnlocked implements seam.Acquirer: fn runs in a transaction of its
@@ -202,18 +241,13 @@ func (a *acquirer) HoldUnlocked(ctx context.Context, st seam.State) error {
 		a.release(pc)
 		return fmt.Errorf("txlock: begin: %w", err)
 	}
-	return a.run(ctx, st, pc, tx, 0, nil)
+	return a.run(ctx, ctx, st, pc, tx, false, nil)
 }
 
-// run runs fn in tx with st as its context, then commits or rolls back as
+// run runs fn in tx with st as its context, wrapping fnCtx (ctx, or with
+// the hold bound if bounded), then commits or rolls back as
 // txlock.WithLock documents, and returns the pool's connection.
-func (a *acquirer) run(ctx context.Context, st seam.State, pc *pgxpool.Conn, tx pgx.Tx, maxHold time.Duration, handOn func()) error {
-	fnCtx := ctx
-	if maxHold > 0 {
-		var stop context.CancelFunc
-		fnCtx, stop = context.WithTimeoutCause(ctx, maxHold, txlock.ErrHoldTimeout)
-		defer stop()
-	}
+func (a *acquirer) run(ctx, fnCtx context.Context, st seam.State, pc *pgxpool.Conn, tx pgx.Tx, bounded bool, handOn func()) error {
 	defer a.release(pc)
 	defer st.Leave()
 	// The first round's session is the call's own; a later round's (after
@@ -225,14 +259,20 @@ func (a *acquirer) run(ctx context.Context, st seam.State, pc *pgxpool.Conn, tx 
 	}
 	*s = session{pool: a.pool, tx: tx}
 	st.Enter(fnCtx, s)
+	// Once fn has returned, its context is done with the connection: a
+	// token being confirmed on it (by a goroutine fn started) finishes
+	// before the commit or rollback, and none starts after.
+	defer s.close()
 	done := false
 	defer func() {
 		if !done { // fn panicked: roll back, and let the panic continue.
+			s.close()
 			_ = a.end(ctx, tx)
 		}
 	}()
 	fnErr := a.fn(st, tx)
 	done = true
+	s.close()
 	if handOn != nil {
 		handOn()
 	}
@@ -247,7 +287,7 @@ func (a *acquirer) run(ctx context.Context, st seam.State, pc *pgxpool.Conn, tx 
 		if cause := context.Cause(fnCtx); errors.Is(cause, txlock.ErrHoldTimeout) {
 			return errors.Join(fnErr, cause)
 		}
-		if maxHold > 0 && serverEndedHold(fnErr) {
+		if bounded && serverEndedHold(fnErr) {
 			// The server's side of the bound ended the session before the
 			// client's deadline fired.
 			return errors.Join(fnErr, txlock.ErrHoldTimeout)
@@ -272,6 +312,10 @@ func (a *acquirer) run(ctx context.Context, st seam.State, pc *pgxpool.Conn, tx 
 			return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", txlock.ErrCommitFailed, err)
 		case fnCtx.Err() != nil:
 			return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", txlock.ErrCommitFailed, context.Cause(fnCtx), err)
+		case bounded && serverEndedHold(err):
+			// The server's side of the bound ended the session before the
+			// client's deadline fired.
+			return errors.Join(fmt.Errorf("%w: %w", txlock.ErrCommitFailed, err), txlock.ErrHoldTimeout)
 		}
 		return fmt.Errorf("%w: %w", txlock.ErrCommitFailed, err)
 	}
@@ -293,6 +337,17 @@ func serverEndedHold(err error) bool {
 type session struct {
 	pool *pgxpool.Pool
 	tx   pgx.Tx
+
+	mu     sync.Mutex // held while a token is confirmed on tx
+	closed bool       // fn has returned: tx is not the token's to use
+}
+
+// close ends the session's use of tx, once a confirmation under way has
+// finished.
+func (s *session) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 }
 
 // DrawRow runs the draw on another connection of the pool. It is sent with
@@ -307,7 +362,14 @@ func (s *session) DrawRow(ctx context.Context, query string, dest ...any) error 
 	return s.pool.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }
 
-// LockRow runs query in the lock's transaction.
+// LockRow runs query in the lock's transaction, unless fn has returned. A
+// pgx connection serves one statement at a time: fn must not run its own
+// statements on tx while another goroutine draws a token.
 func (s *session) LockRow(ctx context.Context, query string, dest ...any) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return fmt.Errorf("%w: fn has returned, and its lock with it", txlock.ErrNoToken)
+	}
 	return s.tx.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }

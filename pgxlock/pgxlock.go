@@ -29,6 +29,16 @@
 // that prepare nothing (exec, simple_protocol), while the lock's own
 // statements, and the draw of a fencing token, work in every mode.
 //
+// An attempt's statements run under the caller's context, and its
+// connection gets a deadline of its own a second after the wait's
+// (txlock.WithTimeout, or the context's): an attempt begun just before the
+// deadline is answered an instant after it, on a connection still usable,
+// while a connection whose server does not answer is closed then.
+//
+// fn's context carries the lock for txlock.FenceToken. A pgx connection
+// serves one statement at a time: a goroutine of fn may draw a token while
+// fn waits, but fn must not run statements on tx while it does.
+//
 // Unlike database/sql, pgx does not roll a transaction back when its
 // context ends. When fn's context ends (the caller's context, or the hold
 // bound of txlock.WithMaxHold), fn's next statement fails, and once fn
@@ -102,7 +112,7 @@ func lockTx(ctx context.Context, tx pgx.Tx, key txlock.Key, try bool, opts []txl
 	if tx == nil {
 		return false, fmt.Errorf("%w: tx is nil", txlock.ErrInvalidArgument)
 	}
-	return seam.LockTx(ctx, &seam.TxRequest{Key: key, Try: try, Opts: opts, Tx: execer{tx}})
+	return seam.LockTx(ctx, &seam.TxRequest{Key: &key, Try: try, Opts: opts, Tx: execer{tx}})
 }
 
 // execer runs LockTx's statements in the caller's transaction.
@@ -137,13 +147,20 @@ func run(ctx context.Context, db DB, key txlock.Key, keys []txlock.Key, multi, t
 			a.conn = db.Conn()
 		}
 	case *pgx.Conn:
-		a.conn = db
+		if db != nil {
+			a.conn = db
+		}
 	case nil:
 	default:
 		return false, fmt.Errorf("%w: db is a %T; give a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn", txlock.ErrInvalidArgument, db)
 	}
 	if a.pool == nil && a.conn == nil {
 		return false, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
+	}
+	if a.conn != nil && a.conn.PgConn().TxStatus() != 'I' {
+		// A busy attempt would abort the caller's transaction, and a grant
+		// would commit it with fn's.
+		return false, fmt.Errorf("%w: db is a connection in a transaction; lock inside it with LockTx", txlock.ErrInvalidArgument)
 	}
 	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)

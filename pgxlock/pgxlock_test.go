@@ -216,15 +216,10 @@ func TestBusyAttemptReturnsIdleConnection(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []txlock.Option
-		// The last window of a ServerWait call may be cut off by the
-		// wait's deadline rather than end in lock_timeout: pgx then
-		// closes the connection mid-statement, and the pool opens
-		// another.
-		mayReplace bool
 	}{
-		{"lock first", nil, false},
-		{"begin first", []txlock.Option{txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})}, false},
-		{"server wait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{Window: 20 * time.Millisecond})}, true},
+		{"lock first", nil},
+		{"begin first", []txlock.Option{txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})}},
+		{"server wait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{Window: 20 * time.Millisecond})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, admin := direct(t)
@@ -247,9 +242,7 @@ func TestBusyAttemptReturnsIdleConnection(t *testing.T) {
 			defer c.Release()
 			assert.Equal(t, byte('I'), c.Conn().PgConn().TxStatus(), "the connection came back in a transaction")
 			assert.EqualValues(t, 1, pool.Stat().TotalConns())
-			if !tc.mayReplace {
-				assert.Equal(t, pid, c.Conn().PgConn().PID(), "the pool lost its connection")
-			}
+			assert.Equal(t, pid, c.Conn().PgConn().PID(), "the pool lost its connection")
 			var state string
 			require.NoError(t, admin.QueryRow(`SELECT state FROM pg_stat_activity WHERE pid = $1`, c.Conn().PgConn().PID()).Scan(&state))
 			assert.Equal(t, "idle", state)
@@ -862,4 +855,102 @@ func linkedClients(t *testing.T, console *sql.DB) map[string]bool {
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// A goroutine fn started may draw a fencing token while fn returns: the
+// token's confirmation on the lock's connection finishes before the commit,
+// and none starts after it (a pgx connection serves one statement at a
+// time). Under -race this found the commit and a confirmation on the same
+// connection at once.
+func TestTokenRacesFnReturn(t *testing.T) {
+	pool, admin := direct(t)
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+	key := txlock.StringKey(uniq(t))
+	var drawn, refused atomic.Int32
+	for range 50 {
+		var wg sync.WaitGroup
+		require.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(ctx context.Context, tx pgx.Tx) error {
+			wg.Go(func() {
+				for {
+					_, err := txlock.FenceToken(ctx)
+					if err != nil {
+						assert.ErrorIs(t, err, txlock.ErrNoToken)
+						refused.Add(1)
+						return
+					}
+					drawn.Add(1)
+				}
+			})
+			time.Sleep(time.Millisecond)
+			return nil
+		}))
+		wg.Wait()
+	}
+	t.Logf("%d tokens returned to goroutines of fn, %d refused once fn had returned", drawn.Load(), refused.Load())
+	assert.EqualValues(t, 50, refused.Load())
+}
+
+// A wait that ends while its last ServerWait window, or an attempt that
+// began with BEGIN, is in the server leaves a caller's connection open and
+// in no transaction: the window ends in lock_timeout at the deadline, and
+// the rollbacks have a context of their own.
+func TestTimeoutKeepsCallersConnection(t *testing.T) {
+	_, admin := direct(t)
+	key := txlock.StringKey(uniq(t))
+	locktest.Hold(t, admin, key, false)
+	for name, opt := range map[string]txlock.Option{
+		"server wait": txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond}),
+		"begin first": txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}),
+	} {
+		t.Run(name, func(t *testing.T) {
+			conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+			require.NoError(t, err)
+			defer conn.Close(context.Background())
+			for range 5 {
+				err := pgxlock.WithLock(context.Background(), conn, key, func(context.Context, pgx.Tx) error { return nil },
+					opt, txlock.WithTimeout(150*time.Millisecond))
+				require.ErrorIs(t, err, txlock.ErrLockTimeout)
+				require.False(t, conn.IsClosed(), "the caller's connection was closed")
+				require.Equal(t, byte('I'), conn.PgConn().TxStatus())
+			}
+		})
+	}
+}
+
+// The hold bound counts from the grant, as the server's does: an Observer
+// that takes its time over Acquired spends the bound, and a fn that then
+// returns nil late gets ErrHoldTimeout, not a commit failure.
+func TestMaxHoldCountsFromGrant(t *testing.T) {
+	pool, _ := direct(t)
+	obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		if e.Kind == txlock.Acquired {
+			time.Sleep(250 * time.Millisecond)
+		}
+		return ctx
+	})
+	err := pgxlock.WithLock(context.Background(), pool, txlock.StringKey(uniq(t)), func(ctx context.Context, tx pgx.Tx) error {
+		time.Sleep(200 * time.Millisecond)
+		return nil
+	}, txlock.WithMaxHold(300*time.Millisecond), txlock.WithObserver(obs))
+	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
+}
+
+// A connection already in a transaction is refused: a busy attempt would
+// abort the caller's transaction, and a grant would commit it.
+func TestConnInTransactionRefused(t *testing.T) {
+	direct(t)
+	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	tx, err := conn.Begin(context.Background())
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background())
+	ran := false
+	err = pgxlock.WithLock(context.Background(), conn, txlock.StringKey(uniq(t)), func(context.Context, pgx.Tx) error {
+		ran = true
+		return nil
+	})
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.Contains(t, err.Error(), "LockTx")
+	assert.False(t, ran)
 }

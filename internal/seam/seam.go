@@ -72,8 +72,8 @@ type State interface {
 // Session is the lock's transaction, as fencing tokens need it.
 type Session interface {
 	// DrawRow runs query on another connection than the lock's and scans
-	// its row into dest. It returns an error matching txlock.ErrNoToken's
-	// text through NoToken when there is no other connection.
+	// its row into dest, or returns an error matching txlock.ErrNoToken
+	// when there is no other connection.
 	DrawRow(ctx context.Context, query string, dest ...any) error
 	// LockRow runs query in the lock's transaction and scans its row.
 	LockRow(ctx context.Context, query string, dest ...any) error
@@ -100,7 +100,9 @@ type Plan struct {
 
 // Request is one WithLock-family call.
 type Request struct {
-	Key   any // a *txlock.Key; or, with Multi, Keys
+	// Key is a *txlock.Key (a pointer, so that passing it costs no
+	// allocation); or, with Multi, Keys is a []txlock.Key.
+	Key   any
 	Keys  any // a []txlock.Key
 	Multi bool
 	Try   bool
@@ -108,7 +110,8 @@ type Request struct {
 	// Queue is the handle callers of this process queue on for the same
 	// keys (the pool), or nil for no local queue.
 	Queue any
-	// Plan is set by Run before the first attempt.
+	// Plan is set by Run once the call's arguments are valid, before the
+	// first attempt: A reads it from there.
 	Plan Plan
 	A    Acquirer
 }
@@ -124,7 +127,7 @@ type Execer interface {
 
 // TxRequest is one LockTx-family call.
 type TxRequest struct {
-	Key  any // a txlock.Key
+	Key  any // a *txlock.Key
 	Try  bool
 	Opts any // a []txlock.Option
 	Tx   Execer
@@ -139,9 +142,10 @@ var (
 	// RowsOutcome decodes the row count of a statement that reports its
 	// outcome in rows (WaitStmt, and the statements of LockTx).
 	RowsOutcome func(n int64) (Outcome, error)
-	// Classify sorts an attempt's statement error: (Busy, nil) for a busy
-	// lock or a ServerWait window that passed, (Standby, nil) for a server
-	// in recovery, else (Busy, the error, explained).
+	// Classify sorts a lock statement's error: (Busy, nil) for a busy
+	// lock, (Standby, nil) for a server in recovery, else (Busy, the
+	// error, explained). A ServerWait window's end (55P03) and a deadlock
+	// (40P01) are the caller's to sort out.
 	Classify func(err error) (Outcome, error)
 	// Queued counts the callers in this process's local queues, for the
 	// driver packages' tests.
