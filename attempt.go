@@ -195,6 +195,10 @@ func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 	return h.run(a.fn, st, nil)
 }
 
+// idleConn reports whether the pool the call queues on has an idle
+// connection (see config.headWait).
+func (a *ownTx) idleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 0 }
+
 // pooled implements acquirer.
 func (a *ownTx) pooled() bool { return a.pool != nil }
 

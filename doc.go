@@ -16,14 +16,18 @@
 //		// another holder kept it past the deadline
 //	}
 //
-// A busy lock is not waited for inside the server. The attempt's transaction
-// rolls back at once, returning its connection to the pool, and WithLock
-// sleeps (exponential backoff with full jitter by default; see RetryStrategy)
-// before the next attempt. Waiters therefore hold no connection between
-// attempts, which is what lets many of them wait behind a small PgBouncer
-// pool in transaction mode. WithServerWait has each attempt wait in
-// PostgreSQL's lock queue instead, for a bounded window: fair between
-// processes, at the cost of a connection while it waits (see ServerWait).
+// A busy lock is not waited for inside the server for long. The attempt's
+// transaction rolls back at once, returning its connection to the pool, and
+// WithLock sleeps (exponential backoff with full jitter by default; see
+// RetryStrategy) before the next attempt. Waiters therefore hold no
+// connection between attempts, which is what lets many of them wait behind
+// a small PgBouncer pool in transaction mode. The one exception is the
+// default strategy's queue head (see "Local queues"): once per call it waits
+// in PostgreSQL's lock queue for up to 200ms instead, which passes the lock
+// between processes in the server's order. WithRetry polls only.
+// WithServerWait has every attempt wait in PostgreSQL's lock queue, for a
+// bounded window: fair between processes, at the cost of a connection while
+// it waits (see ServerWait).
 // The wait ends at the earlier of the context's deadline and WithTimeout
 // (DefaultTimeout).
 //
@@ -45,8 +49,13 @@
 // the round trip of one statement, and gives that connection back if the
 // COMMIT is slow. A caller that gives up passes its turn on. Shared locks,
 // tries and LockTx do not queue. Callers in other processes, and waiters
-// with other key sets, are not ordered by this queue; with WithServerWait
-// the server's own queue orders them.
+// with other key sets, are not ordered by this queue; the server's own
+// queue orders them with WithServerWait, and mostly with the default
+// strategy: the caller whose turn it is, if its pool has an idle
+// connection and its transaction is ReadCommitted, makes one of its
+// attempts a wait in the server's lock queue of up to 200ms, and polls
+// after that. So a process occupies at most one connection per key, for at
+// most that window per call, waiting.
 //
 // # Observing locks
 //

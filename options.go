@@ -27,11 +27,16 @@ const DefaultSerializationRetries = 3
 type Option func(*config)
 
 type config struct {
-	timeout       time.Duration
-	retry         RetryStrategy
-	retrySet      bool
-	serverWait    *ServerWait // set by WithServerWait
-	mode          waitMode
+	timeout    time.Duration
+	retry      RetryStrategy
+	retrySet   bool
+	serverWait *ServerWait // set by WithServerWait
+	mode       waitMode
+	// headWait is set for the default strategy (polling, no WithRetry) of
+	// the WithLock family at ReadCommitted: a call that has its local
+	// queue's turn, on a pool with an idle connection, makes one attempt
+	// as a window of headWindow in the server's lock queue (see wait).
+	headWait      bool
 	clock         clock
 	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction
 	obs           Observer // set by New and WithObserver
@@ -70,10 +75,14 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRetry sets how long to sleep between polling attempts. Without it,
-// the zero ExponentialBackoff is used. Waiters hold no connection while they
-// sleep. It cannot be combined with WithServerWait, which waits in the
-// server instead of sleeping.
+// WithRetry sets how long to sleep between polling attempts, and makes the
+// call poll only. Without it, the zero ExponentialBackoff is used, and the
+// caller that has its local queue's turn makes one attempt as a wait of up
+// to 200ms in the server's lock queue, if its pool has an idle connection
+// and the transaction is ReadCommitted (see the package documentation's
+// "Local queues"). Waiters hold no connection while they sleep. It cannot
+// be combined with WithServerWait, which waits in the server instead of
+// sleeping.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {
@@ -258,5 +267,7 @@ func (c *config) init(opts []Option, inTx bool) error {
 		}
 		c.mode = inServer
 	}
+	c.headWait = c.mode == polling && !c.retrySet && !inTx && !c.term &&
+		(c.txOpts == nil || c.txOpts.Isolation < sql.LevelRepeatableRead)
 	return nil
 }

@@ -3,9 +3,12 @@ package txlock
 import (
 	"context"
 	"database/sql"
+	"hash/maphash"
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Local queues and the handoff.
@@ -26,7 +29,11 @@ import (
 //     finds the lock free and, at RepeatableRead, takes its snapshot after
 //     that COMMIT (BEGIN takes none in PostgreSQL). It holds that begun
 //     transaction for at most maxEarlyBegin of a slow COMMIT; then it rolls
-//     back and waits without a connection (see ownTx.begin).
+//     back and waits without a connection (see ownTx.begin). With the
+//     default strategy (see config.headWait) that lock statement is the
+//     cheap poll, unless such a poll found the lock taken before (queue.remote:
+//     other processes wait for it in the server); then it is the call's
+//     window in the server, which queues behind them.
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
 //     holder's transaction ends, with no round trip in between.
@@ -56,6 +63,11 @@ type queueKey struct {
 type queue struct {
 	held    bool
 	waiting []*ticket
+	// remote is set once a poll made right after a handoff in this queue
+	// found the lock taken, by another process most likely: the default
+	// strategy's queue head then waits in the server at once after a
+	// handoff too (see config.wait). Only the caller with the turn uses it.
+	remote bool
 }
 
 // refs counts the callers in q: the one with the turn, and those waiting.
@@ -88,6 +100,33 @@ func (t *ticket) othersQueued() bool {
 	queues.Lock()
 	defer queues.Unlock()
 	return queues.m[t.key] != nil
+}
+
+// recentlyBusy records, for the local queue keys hashed into its slots,
+// when a call of the default strategy last found its lock busy (see
+// config.headWait): a call whose key was busy within hotFor queues before
+// its first attempt, and so waits in the server at once, instead of first
+// making a poll that would most likely find the lock busy too. Keys that
+// share a slot only share that hint.
+var recentlyBusy [64]atomic.Int64
+
+// hotFor is how long a busy lock makes its key's next calls queue first.
+const hotFor = time.Second
+
+var busySeed = maphash.MakeSeed()
+
+func (t *ticket) busySlot() *atomic.Int64 {
+	return &recentlyBusy[maphash.String(busySeed, t.key.stmt)%uint64(len(recentlyBusy))]
+}
+
+// markBusy records that the call found its lock busy at now.
+func (t *ticket) markBusy(now time.Time) { t.busySlot().Store(now.UnixNano()) }
+
+// hot reports whether a call found the lock of t's keys busy within hotFor
+// of now.
+func (t *ticket) hot(now time.Time) bool {
+	d := now.UnixNano() - t.busySlot().Load()
+	return d >= 0 && d < int64(hotFor)
 }
 
 // entered reports whether the call is in its queue.

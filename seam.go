@@ -67,6 +67,10 @@ func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error 
 
 func (d *driverAcquirer) pooled() bool { return d.a.Pooled() }
 
+// idleConn reports whether the driver's pool has an idle connection, for
+// the default strategy's window in the server (see config.headWait).
+func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
+
 // runDriver implements seam.Run: WithLock's validation and lock loop, with
 // the driver's acquirer.
 func runDriver(ctx context.Context, r *seam.Request) (bool, error) {

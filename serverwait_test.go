@@ -295,6 +295,17 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 		return nil
 	}))
 	assert.True(t, ran)
+
+	// Nor is the default strategy, whose queue head would wait in the
+	// server once: refused there, it polls.
+	release = hold(t, db, key, false)
+	time.AfterFunc(300*time.Millisecond, release)
+	var lease txlock.Lease
+	require.NoError(t, txlock.WithLock(context.Background(), rrDB, key, func(ctx context.Context, tx *sql.Tx) error {
+		lease, _ = txlock.LeaseFromContext(ctx)
+		return nil
+	}))
+	assert.Greater(t, lease.Attempts, 1)
 }
 
 // Two caller transactions that take two keys in opposite orders with

@@ -117,16 +117,36 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 	}
 	// A ServerWait call queues before its first attempt, which may wait in
 	// the server: only the queue's head should. A polling call does so only
-	// if others are queued already, so as not to overtake them.
-	if t != nil && (c.mode == inServer || t.othersQueued()) && !enter() {
+	// if others are queued already, so as not to overtake them, or, with
+	// the default strategy, if its lock was busy recently: its first
+	// attempt can then be its window in the server.
+	if t != nil && (c.mode == inServer || t.othersQueued() || c.headWait && t.hot(start)) && !enter() {
 		return timeout()
 	}
+	headWaited := false // the call made its one window as the queue's head
 	for {
-		if c.mode == inServer {
+		b.window = 0
+		switch {
+		case c.mode == inServer:
 			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
+		case c.headWait && c.mode == polling && !headWaited && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
+			// A handoff from this process's holder (prevEnd) leaves the
+			// lock free for a cheaper poll, unless other processes wait
+			// for it in the server.
+			b.window = max(min(headWindow, b.deadline.Sub(c.clock.now())), time.Millisecond)
+			headWaited = true
 		}
 		out, err := a.attempt(ctx, b)
+		if err != nil && c.mode == polling && b.window > 0 && isIsolationError(err) {
+			// The server's default isolation is above ReadCommitted: the
+			// window was refused before it waited. Poll instead.
+			c.headWait = false
+			continue
+		}
 		if err == nil && b.prevEnd != nil {
+			if b.window == 0 && c.headWait {
+				t.q.remote = out == busy
+			}
 			// The attempt waited for the previous holder's end before its
 			// lock statement: later attempts need not, and giving up now
 			// passes nothing on.
@@ -137,7 +157,7 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 			// that happens to arrive after the deadline stays what it is
 			// (and never triggers WithFailOpen).
 			if c.mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
-				if c.mode == inServer {
+				if b.window > 0 {
 					// The wait ended while the statement waited in the
 					// server: that window was an attempt, and found the
 					// lock busy for as long as it lasted.
@@ -167,6 +187,9 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 		if ev.on() {
 			ev.emit(Event{Kind: Busy, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
 		}
+		if c.headWait && t != nil {
+			t.markBusy(c.clock.now())
+		}
 		if c.mode == tryOnce {
 			if ev.on() {
 				ev.emit(Event{Kind: Skipped, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
@@ -192,6 +215,18 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 			return timeout()
 		}
 	}
+}
+
+// headWindow is how long a polling call with the default strategy waits in
+// the server's lock queue, once, when it has its local queue's turn and its
+// pool an idle connection (see config.headWait).
+const headWindow = 200 * time.Millisecond
+
+// idleConn reports whether a's pool has an idle connection, which a window
+// in the server takes without opening one or waiting for one.
+func idleConn(a attempter) bool {
+	p, ok := a.(interface{ idleConn() bool })
+	return ok && p.idleConn()
 }
 
 // waitCtx is the wait's context, made on first use.

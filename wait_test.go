@@ -8,6 +8,7 @@ package txlock
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"log/slog"
@@ -156,9 +157,14 @@ func (c *fakeClock) sleep(ctx context.Context, d time.Duration) bool {
 	return true
 }
 
-// testConfig returns a config from opts, on clk if it is not nil.
+// testConfig returns a config from opts, on clk if it is not nil. It
+// forgets which keys were busy recently, so that a test's calls do not
+// queue first because of an earlier test's (see ticket.hot).
 func testConfig(t *testing.T, clk clock, opts ...Option) *config {
 	t.Helper()
+	for i := range recentlyBusy {
+		recentlyBusy[i].Store(0)
+	}
 	c := &config{}
 	require.NoError(t, c.init(opts, false))
 	if clk != nil {
@@ -636,11 +642,21 @@ func TestWaitQueueTurnAsContextEnds(t *testing.T) {
 }
 
 // A serialization retry leaves the local queue between rounds and joins it
-// again like any caller: it does not wait behind its own turn.
+// again like any caller: it does not wait behind its own turn. A polling
+// call's retries, uncontended, do not queue; with the default strategy they
+// do, as the first round found the key busy (see ticket.hot), and take the
+// turn at once.
 func TestRunSerializationRetriesRequeue(t *testing.T) {
+	t.Run("polling", func(t *testing.T) {
+		testRetriesRequeue(t, []int{1, 0, 0}, WithRetry(ExponentialBackoff{}))
+	})
+	t.Run("default", func(t *testing.T) { testRetriesRequeue(t, []int{1, 1, 1}) })
+}
+
+func testRetriesRequeue(t *testing.T, wantRefs []int, opts ...Option) {
 	srv := &fakeServer{}
 	require.True(t, srv.take("outsider"))
-	c := testConfig(t, newFakeClock(), WithSerializationRetries(2), WithTimeout(time.Minute))
+	c := testConfig(t, newFakeClock(), append([]Option{WithSerializationRetries(2), WithTimeout(time.Minute)}, opts...)...)
 	var refs []int
 	a := &retryLock{fakeLock: fakeLock{name: "a", srv: srv}, fail: func(*lockState) error {
 		refs = append(refs, QueueRefs())
@@ -655,7 +671,7 @@ func TestRunSerializationRetriesRequeue(t *testing.T) {
 	ok, err := run(ctx, c, a, testKeys, newTicket(new(int), false), &lockState{})
 	assert.True(t, ok)
 	assert.Equal(t, "40001", SQLState(err), "%v", err)
-	assert.Equal(t, []int{1, 0, 0}, refs, "the first round holds the turn; the retries, uncontended, need none")
+	assert.Equal(t, wantRefs, refs, "the first round holds the turn; the retries, uncontended, need none unless the key was busy recently")
 	assert.Len(t, a.attempts(), 4, "a busy attempt, then one per round")
 	assert.Zero(t, QueueRefs())
 }
@@ -706,4 +722,62 @@ func (f *failOpenLock) holdUnlocked(_ context.Context, st *lockState) error {
 	f.refs = append(f.refs, QueueRefs())
 	f.held = st.lease.Held
 	return nil
+}
+
+// idleLock is a fakeLock whose pool has an idle connection, or not.
+type idleLock struct {
+	*fakeLock
+	idle bool
+}
+
+func (f *idleLock) idleConn() bool { return f.idle }
+
+// The default strategy: a polling call that has its local queue's turn, on
+// a pool with an idle connection, makes one attempt as a window in the
+// server, then polls. Its first attempt, before it queued, is a poll,
+// unless its key was found busy within hotFor: then it queues first, and
+// that attempt is the window. It makes no window with a RetryStrategy of
+// its own, above ReadCommitted, or without an idle connection.
+func TestWaitHeadWindow(t *testing.T) {
+	rr := WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	for _, tc := range []struct {
+		name    string
+		opts    []Option
+		idle    bool
+		hot     bool
+		windows []time.Duration // of the attempts
+	}{
+		{"default", nil, true, false, []time.Duration{0, headWindow, 0, 0}},
+		{"recently busy", nil, true, true, []time.Duration{headWindow, 0, 0, 0}},
+		{"no idle connection", nil, false, false, []time.Duration{0, 0, 0, 0}},
+		{"WithRetry", []Option{WithRetry(ExponentialBackoff{})}, true, true, []time.Duration{0, 0, 0, 0}},
+		{"RepeatableRead", []Option{rr}, true, true, []time.Duration{0, 0, 0, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := newFakeClock()
+			c := testConfig(t, clk, tc.opts...)
+			if tc.hot {
+				newTicket(new(int), false).markBusy(clk.now().Add(-hotFor / 2))
+			}
+			srv := &fakeServer{}
+			require.True(t, srv.take("outsider"))
+			busy := 0
+			a := &idleLock{idle: tc.idle, fakeLock: &fakeLock{name: "a", srv: srv, clock: clk, onBusy: func() {
+				if busy++; busy == 3 {
+					srv.release("outsider")
+				}
+			}}}
+			tk := newTicket(new(int), false)
+			lease := Lease{Keys: testKeys}
+			err := c.wait(context.Background(), &lease, a, tk)
+			tk.leave()
+			require.NoError(t, err)
+			var windows []time.Duration
+			for _, b := range a.attempts() {
+				windows = append(windows, b.window)
+			}
+			assert.Equal(t, tc.windows, windows)
+			assert.Zero(t, QueueRefs())
+		})
+	}
 }

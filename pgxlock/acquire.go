@@ -219,6 +219,9 @@ func (a *acquirer) end(ctx context.Context, tx pgx.Tx) error {
 // queue takes a connection of its own while this call's lock ends.
 func (a *acquirer) Pooled() bool { return a.pool != nil }
 
+// IdleConn implements seam.Acquirer.
+func (a *acquirer) IdleConn() bool { return a.pool != nil && a.pool.Stat().IdleConns() > 0 }
+
 // Hold implements seam.Acquirer.
 func (a *acquirer) Hold(st seam.State, handOn func()) error {
 	ctx, fnCtx, stop, pc, tx := a.ctx, a.fnCtx, a.stopHold, a.pc, a.tx

@@ -57,6 +57,9 @@ type Acquirer interface {
 	// Pooled reports whether the next caller of a local queue can begin
 	// while this call's lock ends.
 	Pooled() bool
+	// IdleConn reports whether the pool has an idle connection, which a
+	// wait in the server takes without opening one or waiting for one.
+	IdleConn() bool
 }
 
 // State is fn's context for one round of a call.
