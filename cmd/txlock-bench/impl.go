@@ -17,23 +17,24 @@ import (
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/lockstmt"
+	"github.com/txlock/txlock/pgxlock"
 )
 
 // env is what an implementation runs against in one measurement.
 type env struct {
 	db    *sql.DB       // the pool (direct, or through PgBouncer)
-	pgx   *pgxpool.Pool // a pgx pool on the same URL, for the pgx-native references; nil where none runs
+	pgx   *pgxpool.Pool // a pgx pool on the same URL, for pgxlock and the pgx-native references
 	stmts *counter      // for statements sent below pgx's tracer
 	rdb   *redis.Client // for redislock
 	locks *redislock.Client
 }
 
 // work is the guarded work: what fn does once the lock is held, in a
-// database/sql transaction and, for the pgx-native references, on a pgx
-// connection in a transaction.
+// database/sql transaction and, for pgxlock and the pgx-native references,
+// on a pgx connection in a transaction.
 type work struct {
 	sql func(ctx context.Context, tx *sql.Tx, id int) error
-	pgx func(ctx context.Context, q pgxQuerier, id int) error // nil: no pgx form
+	pgx func(ctx context.Context, q pgxQuerier, id int) error
 }
 
 // pgxQuerier is what the pgx form of fn needs: a pgx.Tx, or a pgx
@@ -119,6 +120,20 @@ func txlockImpl(name string, opts ...txlock.Option) impl {
 		}}
 }
 
+// pgxlockImpl is pgxlock.WithLock on the env's pgxpool, with the same
+// options as txlockImpl: fn is the pgx form of the work, in the pgx.Tx of
+// the lock.
+func pgxlockImpl(name string, opts ...txlock.Option) impl {
+	opts = append([]txlock.Option{txlock.WithTimeout(60 * time.Second)}, opts...)
+	return impl{name: name, pgbouncerSafe: true,
+		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+			return pgxlock.WithLock(ctx, e.pgx, lockKey(id), func(ctx context.Context, tx pgx.Tx) error {
+				granted()
+				return w.pgx(ctx, tx, id)
+			}, opts...)
+		}}
+}
+
 // plainTx is the baseline: the same transaction with no lock.
 var plainTx = impl{name: "plain-tx", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
@@ -183,17 +198,25 @@ func bareLock(id int) string {
 // around the same fn: what leaving database/sql saves.
 var plainPgx = impl{name: "plain-pgx", pgbouncerSafe: true,
 	run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-		tx, err := e.pgx.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		granted()
-		if err := w.pgx(ctx, tx, id); err != nil {
-			return err
-		}
-		return tx.Commit(ctx)
+		return inPgxTx(ctx, e.pgx, id, w, granted)
 	}}
+
+// inPgxTx runs the pgx form of w in a plain pgx transaction on pool and
+// commits.
+func inPgxTx(ctx context.Context, pool *pgxpool.Pool, id int, w work, granted func()) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if granted != nil {
+		granted()
+	}
+	if err := w.pgx(ctx, tx, id); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
 
 // plainPgxBareLockInBegin is the floor of a pgx-native lock: BEGIN and the
 // bare lock function sent as one simple-protocol query without arguments
@@ -319,7 +342,7 @@ func (s *sessionWorker) run(ctx context.Context, e *env, id int, w work, granted
 func (s *sessionWorker) close() { _ = s.conn.Close() }
 
 // redisLock takes a bsm/redislock lock (ExponentialBackoff between tries),
-// runs the same transaction, and releases the lock.
+// runs the same database/sql transaction, and releases the lock.
 func redisLock(min, max time.Duration) impl {
 	return impl{name: "redislock+tx", pgbouncerSafe: true,
 		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
@@ -331,6 +354,23 @@ func redisLock(min, max time.Duration) impl {
 				return err
 			}
 			err = inTx(ctx, e.db, id, w, granted, nil)
+			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
+		}}
+}
+
+// redisLockPgx is redisLock with the transaction in pgx itself, as
+// plain-pgx runs it: the like-for-like alternative to pgxlock.
+func redisLockPgx(min, max time.Duration) impl {
+	return impl{name: "redislock+pgx-tx", pgbouncerSafe: true,
+		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
+			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+			defer cancel()
+			l, err := e.locks.Obtain(lctx, "bench:row:"+strconv.Itoa(id), 30*time.Second,
+				&redislock.Options{RetryStrategy: redislock.ExponentialBackoff(min, max)})
+			if err != nil {
+				return err
+			}
+			err = inPgxTx(ctx, e.pgx, id, w, granted)
 			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
 		}}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/pgxlock"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
@@ -33,6 +34,7 @@ func testEnv(t *testing.T, url string) *env {
 		t.Fatal(err)
 	}
 	cfg.MaxConns = 1
+	cfg.ConnConfig.Tracer = b.stmts
 	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +43,7 @@ func testEnv(t *testing.T, url string) *env {
 	return &env{db: db, pgx: p, stmts: b.stmts}
 }
 
-const heldLocksSQL = `SELECT (SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), pg_catalog.pg_backend_pid()`
+const heldLocksSQL = `/*fn*/ SELECT (SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = pg_catalog.pg_backend_pid()), pg_catalog.pg_backend_pid()`
 
 // heldLocks is a fn that reports how many advisory locks its own backend
 // holds, and under which backend pid.
@@ -206,5 +208,87 @@ func TestSimulatedNetwork(t *testing.T) {
 	}
 	if extra := proxied[0] - direct[0]; extra > 2*latency+2*time.Millisecond {
 		t.Fatalf("the proxy added %v to the fastest round trip, want about %v", extra, 2*latency)
+	}
+}
+
+// TestPgxlockImpl checks the pgxlock implementation: fn runs in the lock's
+// transaction, holding the lock, the commit releases it and the pool's
+// connection is idle again; and the counter counts the statements of its
+// polling attempt that ran: the lock statement and BEGIN, then COMMIT.
+func TestPgxlockImpl(t *testing.T) {
+	url := pgtest.Postgres(t)
+	ctx := context.Background()
+	e := testEnv(t, url)
+	im := pgxlockImpl("pgxlock")
+	const id = 43
+	var n, pid int
+	granted := 0
+	before := e.stmts.n.Load()
+	if err := im.run(ctx, e, id, heldLocks(&n, &pid), func() { granted++ }); err != nil {
+		t.Fatal(err)
+	}
+	if stmts := e.stmts.n.Load() - before; stmts != 3 {
+		t.Errorf("counted %d statements, want 3 (the lock statement, BEGIN, COMMIT)", stmts)
+	}
+	if granted != 1 || n != 1 {
+		t.Fatalf("granted %d times, fn's backend held %d advisory locks; want 1 and 1", granted, n)
+	}
+	if p, status := connState(t, e, im); p != pid || status != 'I' {
+		t.Fatalf("after commit: backend %d in state %c, want %d idle", p, status, pid)
+	}
+	var left int
+	if err := e.pgx.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND objid::bigint = ($1::bigint & 4294967295) AND classid::bigint = ($1::bigint >> 32 & 4294967295)`, lockInt64(id)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Fatalf("%d advisory locks on the key after commit, want 0", left)
+	}
+
+	// A busy attempt: its lock statement fails, and the query ends there.
+	other, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(ctx)
+	holder, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Rollback(ctx) }()
+	if _, err := holder.Exec(ctx, "SELECT pg_catalog.pg_advisory_xact_lock("+lockArgs(id)+")"); err != nil {
+		t.Fatal(err)
+	}
+	before = e.stmts.n.Load()
+	ok, err := pgxlock.TryWithLock(ctx, e.pgx, lockKey(id), func(context.Context, pgx.Tx) error { return nil })
+	if err != nil || ok {
+		t.Fatalf("with the lock held elsewhere: acquired %v, err %v; want false, nil", ok, err)
+	}
+	if stmts := e.stmts.n.Load() - before; stmts != 1 {
+		t.Errorf("a busy attempt counted %d statements, want 1 (the lock statement, which failed before BEGIN)", stmts)
+	}
+	if p, status := connState(t, e, im); p != pid || status != 'I' {
+		t.Fatalf("after a busy attempt: backend %d in state %c, want %d idle", p, status, pid)
+	}
+}
+
+func TestCountStatements(t *testing.T) {
+	for _, c := range []struct {
+		query string
+		want  int
+	}{
+		{"", 0},
+		{"BEGIN", 1},
+		{"COMMIT;", 1},
+		{" ; ", 0},
+		{"SELECT 1; BEGIN", 2},
+		{"SELECT 1 WHERE CASE WHEN x THEN CAST(pg_catalog.set_config('a', 'b; c', true) AS integer) IS NULL END; BEGIN", 2},
+		{"SELECT 'it''s; one'", 1},
+		{`SELECT 1 AS "a;b"; SELECT 2`, 2},
+		{"/* a; b */ SELECT 1 -- c; d\n; SELECT 2", 2},
+		{"BEGIN; " + bareLock(1), 2},
+	} {
+		if got := countStatements(c.query); got != c.want {
+			t.Errorf("countStatements(%q) = %d, want %d", c.query, got, c.want)
+		}
 	}
 }

@@ -14,8 +14,8 @@
 // Scenarios whose name ends in -network reach PostgreSQL and Redis through
 // an in-process toxiproxy that adds -latency each way, a simulated network
 // where round trips dominate. The fleet scenario splits 16 workers over
-// pools (one *sql.DB each, as separate processes would have), and reports
-// each implementation's least served pool.
+// pools (one *sql.DB and one pgxpool each, as separate processes would
+// have), and reports each implementation's least served pool.
 //
 // Compare numbers within one run: they are ratios' raw material, and the
 // absolute values depend on the machine and its load.
@@ -157,17 +157,102 @@ func servers(o *options) (stop func(), err error) {
 }
 
 // counter counts statements sent to PostgreSQL, except those of the
-// guarded work itself (marked with a leading /*fn*/ comment).
-type counter struct{ n atomic.Int64 }
+// guarded work itself (marked with a leading /*fn*/ comment). A query of
+// several statements (pgxlock's polling attempt: the lock statement, then
+// BEGIN) counts those that ran: all of them when it succeeds, the first
+// only when it fails, as a busy attempt's lock statement does, which ends
+// the query before its BEGIN.
+type counter struct {
+	n atomic.Int64
+	// The statements after the first of each connection's query in flight,
+	// if it has several: a map, not a context value, so that counting
+	// allocates nothing per query once the map has room for the
+	// connections.
+	mu       sync.Mutex
+	more     map[*pgx.Conn]int64
+	inFlight atomic.Int64 // entries of more, read without mu
+}
 
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.HasPrefix(d.SQL, "/*fn*/") {
-		c.n.Add(1)
+func (c *counter) TraceQueryStart(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "/*fn*/") {
+		return ctx
+	}
+	c.n.Add(1)
+	if strings.IndexByte(d.SQL, ';') < 0 {
+		return ctx
+	}
+	if n := countStatements(d.SQL); n > 1 {
+		c.mu.Lock()
+		if c.more == nil {
+			c.more = map[*pgx.Conn]int64{}
+		}
+		c.more[conn] = int64(n - 1)
+		c.inFlight.Add(1)
+		c.mu.Unlock()
 	}
 	return ctx
 }
 
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *counter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.TraceQueryEndData) {
+	if c.inFlight.Load() == 0 { // the usual case: one statement per query
+		return
+	}
+	c.mu.Lock()
+	n, ok := c.more[conn]
+	if ok {
+		delete(c.more, conn)
+		c.inFlight.Add(-1)
+	}
+	c.mu.Unlock()
+	if ok && d.Err == nil {
+		c.n.Add(n)
+	}
+}
+
+// countStatements returns the number of statements in query: its
+// semicolons outside quotes, identifiers and comments, plus one unless the
+// text after the last of them is empty. It knows the SQL this program and
+// the library send, not dollar quoting.
+func countStatements(query string) int {
+	n := 0
+	pending := false // text after the last semicolon
+	for i := 0; i < len(query); i++ {
+		switch ch := query[i]; {
+		case ch == '\'' || ch == '"':
+			j := strings.IndexByte(query[i+1:], ch)
+			if j < 0 {
+				i = len(query)
+			} else {
+				i += j + 1 // a doubled quote is two quoted strings, side by side
+			}
+			pending = true
+		case ch == '-' && strings.HasPrefix(query[i:], "--"):
+			j := strings.IndexByte(query[i:], '\n')
+			if j < 0 {
+				j = len(query) - i
+			}
+			i += j
+		case ch == '/' && strings.HasPrefix(query[i:], "/*"):
+			j := strings.Index(query[i+2:], "*/")
+			if j < 0 {
+				i = len(query)
+			} else {
+				i += j + 3
+			}
+		case ch == ';':
+			if pending {
+				n++
+			}
+			pending = false
+		case ch != ' ' && ch != '\t' && ch != '\n' && ch != '\r':
+			pending = true
+		}
+	}
+	if pending {
+		n++
+	}
+	return n
+}
 
 type redisCounter struct{ n *atomic.Int64 }
 
@@ -209,8 +294,8 @@ func (b *bench) pool(url string) (*sql.DB, error) {
 	return db, nil
 }
 
-// pgxPool opens a pgx pool on url with the statement counter, for the
-// pgx-native references.
+// pgxPool opens a pgx pool on url with the statement counter, for pgxlock
+// and the pgx-native references.
 func (b *bench) pgxPool(url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -319,31 +404,29 @@ func run(o options) error {
 		b.network = fmt.Sprintf("%v each way in front of PostgreSQL and Redis; a SELECT 1 round trip to PostgreSQL took %v through it (median of 51), %v without", o.latency, proxied.Round(time.Microsecond), direct.Round(time.Microsecond))
 		logf("simulated network: %s", b.network)
 	}
-	// openEnv opens the pools of one env on the network path named by key.
-	openEnv := func(key string, withPgx bool) (*env, error) {
+	// openEnv opens the pools of one env on the network path named by key:
+	// a *sql.DB and a pgxpool, which open their connections when first
+	// used.
+	openEnv := func(key string) (*env, error) {
 		db, err := b.pool(urls[key])
 		if err != nil {
 			return nil, err
 		}
 		rdb := rdbs[key]
 		e := &env{db: db, stmts: b.stmts, rdb: rdb, locks: redislock.New(rdb)}
-		if withPgx {
-			if e.pgx, err = b.pgxPool(urls[key]); err != nil {
-				db.Close()
-				return nil, err
-			}
+		if e.pgx, err = b.pgxPool(urls[key]); err != nil {
+			db.Close()
+			return nil, err
 		}
 		return e, nil
 	}
 	closeEnv := func(e *env) {
 		e.db.Close()
-		if e.pgx != nil {
-			e.pgx.Close()
-		}
+		e.pgx.Close()
 	}
 	envs := map[string]*env{}
 	for key := range urls {
-		e, err := openEnv(key, true)
+		e, err := openEnv(key)
 		if err != nil {
 			return err
 		}
@@ -359,7 +442,7 @@ func run(o options) error {
 		var err error
 		for len(es) < pools && err == nil {
 			var e *env
-			if e, err = openEnv(key, false); err == nil {
+			if e, err = openEnv(key); err == nil {
 				es = append(es, e)
 			}
 		}
@@ -444,34 +527,49 @@ var selectRow = work{
 }
 
 func holdFor(d time.Duration) work {
-	return work{sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+	hold := func() {
 		if d > 0 {
 			time.Sleep(d)
 		}
-		return nil
-	}}
+	}
+	return work{
+		sql: func(ctx context.Context, tx *sql.Tx, id int) error { hold(); return nil },
+		pgx: func(ctx context.Context, q pgxQuerier, id int) error { hold(); return nil },
+	}
 }
 
 func updateAndHold(d time.Duration) work {
-	return work{sql: func(ctx context.Context, tx *sql.Tx, id int) error {
-		if err := updateSQLTx(ctx, tx, id); err != nil {
-			return err
-		}
-		if d > 0 {
-			time.Sleep(d)
-		}
-		return nil
-	}}
+	return work{
+		sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+			if err := updateSQLTx(ctx, tx, id); err != nil {
+				return err
+			}
+			if d > 0 {
+				time.Sleep(d)
+			}
+			return nil
+		},
+		pgx: func(ctx context.Context, q pgxQuerier, id int) error {
+			if err := updateRow.pgx(ctx, q, id); err != nil {
+				return err
+			}
+			if d > 0 {
+				time.Sleep(d)
+			}
+			return nil
+		},
+	}
 }
 
 func scenarios(o options) []scenario {
 	// The backoff bounds of redislock are txlock's default ones, so that
 	// the comparison is of the designs, not of the constants.
 	rl := redisLock(time.Millisecond, 64*time.Millisecond)
+	rlPgx := redisLockPgx(time.Millisecond, 64*time.Millisecond)
 	var out []scenario
 	uncontended := func(name, via string, network bool, fn work) scenario {
-		impls := []impl{txlockImpl("txlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, plainTxBareLock,
-			plainPgx, plainPgxBareLockInBegin, forUpdate, rl}
+		impls := []impl{txlockImpl("txlock"), pgxlockImpl("pgxlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, plainTxBareLock,
+			plainPgx, plainPgxBareLockInBegin, forUpdate, rl, rlPgx}
 		if via == "direct" {
 			impls = append(impls, sessionLock)
 		}
@@ -480,7 +578,7 @@ func scenarios(o options) []scenario {
 	for _, via := range []string{"direct", "pgbouncer"} {
 		out = append(out, uncontended("uncontended-select", via, false, selectRow), uncontended("uncontended-update", via, false, updateRow))
 	}
-	contended := append([]impl{txlockImpl("txlock"), blocking, pollHeldTx, rl}, txlockStrategies()...)
+	contended := append([]impl{txlockImpl("txlock"), pgxlockImpl("pgxlock"), blocking, pollHeldTx, rl}, txlockStrategies()...)
 	for _, via := range []string{"direct", "pgbouncer"} {
 		for _, w := range []int{2, 16, 64} {
 			for _, h := range []time.Duration{0, time.Millisecond} {
@@ -497,11 +595,13 @@ func scenarios(o options) []scenario {
 	}
 	// Between processes, polling is what passes the lock: a backoff tuned to
 	// the hold time (a poll every 1–2 ms here) is measured there too.
-	fair := append([]impl{txlockImpl("txlock"), blocking, rl}, txlockStrategies()...)
+	fair := append([]impl{txlockImpl("txlock"), pgxlockImpl("pgxlock"), blocking, rl}, txlockStrategies()...)
 	fair = append(fair, txlockImpl("txlock/backoff-hold", txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Millisecond, Jitter: time.Millisecond})))
 	out = append(out, scenario{name: "two-pools", via: "direct", workers: 16, pools: 2, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
 	// A fleet: the same 16 workers on one key as 16 processes of one worker
-	// each, and as 4 of 4, directly and through PgBouncer.
+	// each, and as 4 of 4, directly and through PgBouncer. Each pool is a
+	// *sql.DB and a pgxpool of its own, so that txlock's and pgxlock's local
+	// queues are per pool, as they are per process.
 	for _, via := range []string{"direct", "pgbouncer"} {
 		for _, pools := range []int{16, 4} {
 			out = append(out, scenario{name: "fleet", via: via, workers: 16, pools: pools, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
@@ -522,6 +622,9 @@ func txlockStrategies() []impl {
 	return []impl{
 		txlockImpl("txlock/server-wait", txlock.WithServerWait(txlock.ServerWait{})),
 		txlockImpl("txlock/backoff-1-8ms", txlock.WithRetry(txlock.ExponentialBackoff{Min: time.Millisecond, Max: 8 * time.Millisecond})),
+		// Polling only: the default strategy without its queue head's
+		// window in the server.
+		txlockImpl("txlock/polling", txlock.WithRetry(txlock.ExponentialBackoff{})),
 	}
 }
 

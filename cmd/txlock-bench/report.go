@@ -232,6 +232,14 @@ func printTargets(w io.Writer, rs []result) {
 			v = ratio("contended", via, im, "redislock+tx", 16, 1, tput)
 			check("contended 16w 1ms: throughput "+im+" ÷ redislock+tx ≥ 1", via, v, v >= 1, "%.3f")
 		}
+		// pgxlock beside txlock, for comparison: the issue sets it no target here.
+		if r := find(rs, "contended", via, "pgxlock", 16, 1); r != nil {
+			reference("contended 16w 1ms: throughput pgxlock ÷ blocking", via, ratio("contended", via, "pgxlock", "pg-blocking", 16, 1, tput))
+			reference("contended 16w 1ms: p99 wait pgxlock ÷ blocking", via, ratio("contended", via, "pgxlock", "pg-blocking", 16, 1, p99))
+			reference("contended 16w 1ms: throughput pgxlock ÷ txlock", via, ratio("contended", via, "pgxlock", "txlock", 16, 1, tput))
+			reference("contended 16w 1ms: throughput pgxlock ÷ redislock+tx", via, ratio("contended", via, "pgxlock", "redislock+tx", 16, 1, tput))
+			reference("contended 16w 1ms: pgxlock statements per acquisition", via, r.StmtsPerAcq)
+		}
 	}
 	// The floors of issue #14: database/sql's (the plain transaction plus
 	// the bare lock function) and pgx's (the lock in BEGIN's round trip).
@@ -277,11 +285,50 @@ func printTargets(w io.Writer, rs []result) {
 					reference("uncontended SELECT fn"+where+": throughput txlock ÷ redislock+tx", via, v)
 				}
 			}
+			if find(rs, sc, via, "pgxlock", 1, 0) == nil {
+				continue
+			}
+			// pgxlock (pgxlock.WithLock on a pgxpool): over loopback its
+			// floor is the lock in BEGIN's round trip by hand; across the
+			// network, where round trips dominate, the plain pgx
+			// transaction, as many round trips as it.
+			v = 1 / ratio(sc, via, "pgxlock", "plain-pgx+bare-lock-in-begin", 1, 0, tput)
+			if fnName == "SELECT" && where == "" {
+				check(pre+"pgxlock ÷ plain-pgx+bare-lock-in-begin ≤ 1.05", via, v, v <= 1.05, "%.3f")
+			} else {
+				reference(pre+"pgxlock ÷ plain-pgx+bare-lock-in-begin", via, v)
+			}
+			v = 1 / ratio(sc, via, "pgxlock", "plain-pgx", 1, 0, tput)
+			if fnName == "SELECT" && where != "" {
+				check(pre+"pgxlock ÷ plain-pgx ≤ 1.10", via, v, v <= 1.10, "%.3f")
+			} else {
+				reference(pre+"pgxlock ÷ plain-pgx", via, v)
+			}
+			reference(pre+"pgxlock ÷ plain tx", via, 1/ratio(sc, via, "pgxlock", "plain-tx", 1, 0, tput))
+			reference(pre+"pgxlock ÷ txlock", via, 1/ratio(sc, via, "pgxlock", "txlock", 1, 0, tput))
+			reference(pre+"redislock+pgx-tx ÷ plain-pgx", via, 1/ratio(sc, via, "redislock+pgx-tx", "plain-pgx", 1, 0, tput))
+			// Against bsm/redislock and a PostgreSQL transaction: the one
+			// over database/sql (redislock+tx), and the one in pgx, like
+			// pgxlock's (redislock+pgx-tx). The issue's bound is 1.3 with
+			// the SELECT fn and 1.1 with the UPDATE fn, across the network.
+			bound := 1.3
+			if fnName == "UPDATE" {
+				bound = 1.1
+			}
+			for _, rl := range []string{"redislock+tx", "redislock+pgx-tx"} {
+				v = ratio(sc, via, "pgxlock", rl, 1, 0, tput)
+				name := "uncontended " + fnName + " fn" + where + ": throughput pgxlock ÷ " + rl
+				if where != "" {
+					check(fmt.Sprintf("%s ≥ %.1f", name, bound), via, v, v >= bound, "%.3f")
+				} else {
+					reference(name, via, v)
+				}
+			}
 		}
 	}
 	// Across the simulated network, 16 workers of one process: no target,
 	// the same ratios as the contended targets for comparison.
-	for _, im := range []string{"txlock", "txlock/server-wait"} {
+	for _, im := range []string{"txlock", "pgxlock", "txlock/server-wait"} {
 		if find(rs, "contended-network", "direct", im, 16, 1) == nil {
 			continue
 		}
@@ -298,9 +345,10 @@ func printTargets(w io.Writer, rs []result) {
 	}
 	for _, via := range []string{"direct", "pgbouncer"} {
 		for _, pools := range []int{16, 4} {
-			// The targets are the default strategy's; ServerWait's ratios
+			// The targets are the default strategy's over database/sql;
+			// pgxlock's (the same strategy in pgx) and ServerWait's ratios
 			// are given beside them for comparison.
-			for _, im := range []string{"txlock", "txlock/server-wait"} {
+			for _, im := range []string{"txlock", "pgxlock", "txlock/server-wait"} {
 				r := findPools(rs, "fleet", via, im, 16, pools, 1)
 				if r == nil {
 					continue
@@ -333,6 +381,11 @@ func printTargets(w io.Writer, rs []result) {
 	if a, b := find(rs, "uncontended-select", "direct", "txlock", 1, 0), find(rs, "uncontended-select", "direct", "plain-tx", 1, 0); a != nil && b != nil && a.AllocsPerOp != nil && b.AllocsPerOp != nil {
 		d := *a.AllocsPerOp - *b.AllocsPerOp
 		check("uncontended: allocations txlock − plain tx ≤ 10 (process-wide; see go test -bench for the exact figure)", "direct", d, d <= 10, "%.1f")
+	}
+	for _, via := range []string{"direct", "pgbouncer"} {
+		if a, b := find(rs, "uncontended-select", via, "pgxlock", 1, 0), find(rs, "uncontended-select", via, "plain-pgx", 1, 0); a != nil && b != nil && a.AllocsPerOp != nil && b.AllocsPerOp != nil {
+			reference("uncontended SELECT fn: allocations pgxlock − plain-pgx (process-wide)", via, *a.AllocsPerOp-*b.AllocsPerOp)
+		}
 	}
 }
 
