@@ -24,15 +24,7 @@ func Queues() int {
 
 // QueueRefs reports how many calls are queued in, or hold the turn of, the
 // local queues.
-func QueueRefs() int {
-	queues.Lock()
-	defer queues.Unlock()
-	n := 0
-	for _, q := range queues.m {
-		n += q.refs()
-	}
-	return n
-}
+func QueueRefs() int { return queuedCallers() }
 
 // BenchEvents runs b.N rounds of the lock loop through an attempter that is
 // granted at once and a holder that does nothing, with o as the Observer:

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"testing"
-	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
@@ -49,21 +48,14 @@ var (
 	uniq     = locktest.Uniq
 	lockArgs = locktest.LockArgs
 	hold     = locktest.Hold
+	hammer   = locktest.Hammer // workers goroutines, iters calls each: the errors
 )
 
 // open opens url and registers checks that run when the test ends: the pool
 // has no connection in use.
 func open(t testing.TB, url string) *sql.DB { return locktest.Open(t, url, 50) }
 
-func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
-	t.Helper()
-	var n int
-	require.Eventually(t, func() bool {
-		err := db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
-		return err == nil && n == 0
-	}, 5*time.Second, 10*time.Millisecond, "advisory locks left on the server: %d", n)
-}
+func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) { locktest.RequireNoAdvisoryLocks(t, db) }
 
 // heldBy reports whether some backend holds k (granted) on the server.
 func heldBy(t testing.TB, db *sql.DB, k txlock.Key) int {

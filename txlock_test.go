@@ -67,29 +67,6 @@ func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
 	return n, overlaps
 }
 
-// hammer runs workers×iters steps of l, each through run, and returns the
-// errors seen.
-func hammer(workers, iters int, run func() error) []error {
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range iters {
-				if err := run(); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	return errs
-}
-
 func TestMutualExclusion(t *testing.T) {
 	const workers, iters = 8, 8
 	for _, tc := range []struct {

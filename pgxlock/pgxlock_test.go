@@ -67,15 +67,7 @@ func bouncer(t testing.TB, mode string) (*pgxpool.Pool, *sql.DB, string) {
 	return newPool(t, url, mode, 20), admin, adminURL
 }
 
-func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
-	t.Helper()
-	var n int
-	require.Eventually(t, func() bool {
-		err := db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
-		return err == nil && n == 0
-	}, 5*time.Second, 10*time.Millisecond, "advisory locks left on the server: %d", n)
-}
+var requireNoAdvisoryLocks = locktest.RequireNoAdvisoryLocks
 
 // ledger is a read-modify-write workload that loses updates, and records
 // overlapping runs, unless its steps are mutually exclusive.
@@ -129,24 +121,7 @@ func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
 	return n, overlaps
 }
 
-func hammer(workers, iters int, run func() error) []error {
-	var mu sync.Mutex
-	var errs []error
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Go(func() {
-			for range iters {
-				if err := run(); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return errs
-}
+var hammer = locktest.Hammer
 
 func TestMutualExclusion(t *testing.T) {
 	const workers, iters = 8, 8

@@ -76,3 +76,36 @@ func Hold(t testing.TB, db *sql.DB, k txlock.Key, shared bool) (release func()) 
 	t.Cleanup(release)
 	return release
 }
+
+// RequireNoAdvisoryLocks fails the test unless, within 5 seconds, no
+// advisory lock is left in db's database.
+func RequireNoAdvisoryLocks(t testing.TB, db *sql.DB) {
+	t.Helper()
+	var n int
+	require.Eventually(t, func() bool {
+		err := db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+		return err == nil && n == 0
+	}, 5*time.Second, 10*time.Millisecond, "advisory locks left on the server: %d", n)
+}
+
+// Hammer runs workers goroutines that each call run iters times, and
+// returns the errors they got.
+func Hammer(workers, iters int, run func() error) []error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for range iters {
+				if err := run(); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errs
+}
