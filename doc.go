@@ -22,9 +22,13 @@
 // RetryStrategy) before the next attempt. Waiters therefore hold no
 // connection between attempts, which is what lets many of them wait behind
 // a small PgBouncer pool in transaction mode. The one exception is the
-// default strategy's queue head (see "Local queues"): once per call it waits
-// in PostgreSQL's lock queue for up to 200ms instead, which passes the lock
-// between processes in the server's order. WithRetry polls only.
+// default strategy's queue head (see "Local queues"): once per call (per
+// round, with serialization retries), a call for one key waits in
+// PostgreSQL's lock queue for up to 200ms instead, which passes the lock
+// between processes in the server's order. Behind PgBouncer that wait
+// holds a server connection: with more processes contending for one key
+// than PgBouncer's pool has connections, their windows can take the whole
+// pool for up to 200ms, and WithRetry, which polls only, is the choice.
 // WithServerWait has every attempt wait in PostgreSQL's lock queue, for a
 // bounded window: fair between processes, at the cost of a connection while
 // it waits (see ServerWait).
@@ -51,11 +55,12 @@
 // tries and LockTx do not queue. Callers in other processes, and waiters
 // with other key sets, are not ordered by this queue; the server's own
 // queue orders them with WithServerWait, and mostly with the default
-// strategy: the caller whose turn it is, if its pool has an idle
-// connection and its transaction is ReadCommitted, makes one of its
+// strategy: the caller whose turn it is, if it locks one key, its pool has
+// an idle connection and its transaction is ReadCommitted, makes one of its
 // attempts a wait in the server's lock queue of up to 200ms, and polls
-// after that. So a process occupies at most one connection per key, for at
-// most that window per call, waiting.
+// after that. So a process occupies at most one connection per local
+// queue, for at most that window per round of a call, waiting (after a
+// handoff, that window may follow an early BEGIN of at most 50ms).
 //
 // # Observing locks
 //

@@ -33,9 +33,10 @@ type config struct {
 	serverWait *ServerWait // set by WithServerWait
 	mode       waitMode
 	// headWait is set for the default strategy (polling, no WithRetry) of
-	// the WithLock family at ReadCommitted: a call that has its local
-	// queue's turn, on a pool with an idle connection, makes one attempt
-	// as a window of headWindow in the server's lock queue (see wait).
+	// the WithLock family at ReadCommitted: a call for one key that has
+	// its local queue's turn, on a pool with an idle connection, makes one
+	// attempt per round as a window of headWindow in the server's lock
+	// queue (see wait).
 	headWait      bool
 	clock         clock
 	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction

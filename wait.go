@@ -129,10 +129,12 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 		switch {
 		case c.mode == inServer:
 			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
-		case c.headWait && c.mode == polling && !headWaited && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
+		case c.headWait && c.mode == polling && !headWaited && len(lease.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
 			// A handoff from this process's holder (prevEnd) leaves the
 			// lock free for a cheaper poll, unless other processes wait
-			// for it in the server.
+			// for it in the server. Only a single key waits: lock_timeout
+			// bounds each key's wait, so a window over several keys could
+			// last a window per key, holding the keys it has.
 			b.window = max(min(headWindow, b.deadline.Sub(c.clock.now())), time.Millisecond)
 			headWaited = true
 		}

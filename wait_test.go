@@ -746,12 +746,16 @@ func TestWaitHeadWindow(t *testing.T) {
 		idle    bool
 		hot     bool
 		windows []time.Duration // of the attempts
+		keys    []Key           // testKeys if nil
 	}{
-		{"default", nil, true, false, []time.Duration{0, headWindow, 0, 0}},
-		{"recently busy", nil, true, true, []time.Duration{headWindow, 0, 0, 0}},
-		{"no idle connection", nil, false, false, []time.Duration{0, 0, 0, 0}},
-		{"WithRetry", []Option{WithRetry(ExponentialBackoff{})}, true, true, []time.Duration{0, 0, 0, 0}},
-		{"RepeatableRead", []Option{rr}, true, true, []time.Duration{0, 0, 0, 0}},
+		{"default", nil, true, false, []time.Duration{0, headWindow, 0, 0}, nil},
+		{"recently busy", nil, true, true, []time.Duration{headWindow, 0, 0, 0}, nil},
+		{"no idle connection", nil, false, false, []time.Duration{0, 0, 0, 0}, nil},
+		{"WithRetry", []Option{WithRetry(ExponentialBackoff{})}, true, true, []time.Duration{0, 0, 0, 0}, nil},
+		{"RepeatableRead", []Option{rr}, true, true, []time.Duration{0, 0, 0, 0}, nil},
+		// lock_timeout bounds each key's wait: a window over two keys
+		// could last two windows, holding the first key.
+		{"two keys", nil, true, true, []time.Duration{0, 0, 0, 0}, []Key{Int64Key(1), Int64Key(2)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newFakeClock()
@@ -769,6 +773,9 @@ func TestWaitHeadWindow(t *testing.T) {
 			}}}
 			tk := newTicket(new(int), false)
 			lease := Lease{Keys: testKeys}
+			if tc.keys != nil {
+				lease.Keys = tc.keys
+			}
 			err := c.wait(context.Background(), &lease, a, tk)
 			tk.leave()
 			require.NoError(t, err)
