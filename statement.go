@@ -38,6 +38,9 @@ func init() {
 	lockstmt.Exclusive = func(key int64) string {
 		return lockStatement([]Key{Int64Key(key)}, false, 0, formOwnTx)
 	}
+	lockstmt.Begin = func(key int64, maxHold time.Duration) string {
+		return lockStatement([]Key{Int64Key(key)}, false, maxHold, formFailBusy, "; BEGIN")
+	}
 }
 
 // lockStatement builds the statement of a polling attempt: one round trip

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/lockstmt"
 	"github.com/txlock/txlock/pgxlock"
 )
 
@@ -82,6 +83,38 @@ func BenchmarkWithLock(b *testing.B) {
 					b.Fatal(err)
 				}
 				cancel()
+			}
+		})
+	}
+}
+
+// BenchmarkStatementCost measures, on one connection of the pool, what the
+// lock statement costs the server beside the bare lock, with and without a
+// hold bound: each op is the query, sent by hand as pgxlock sends it, and
+// COMMIT.
+//
+//	go test -run '^$' -bench StatementCost -count 6 ./pgxlock
+func BenchmarkStatementCost(b *testing.B) {
+	pool, _ := direct(b)
+	const key = 4243
+	for _, v := range []struct{ name, query string }{
+		{"bare-lock-then-begin", "SELECT pg_catalog.pg_try_advisory_xact_lock('4243'::bigint); BEGIN"},
+		{"begin-then-bare-lock", "BEGIN; SELECT pg_catalog.pg_try_advisory_xact_lock('4243'::bigint)"},
+		{"pgxlock-statement", lockstmt.Begin(key, 0)},
+		{"pgxlock-statement+maxhold", lockstmt.Begin(key, 30*time.Second)},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			ctx := context.Background()
+			c, err := pool.Acquire(ctx)
+			require.NoError(b, err)
+			defer c.Release()
+			for b.Loop() {
+				if _, err := c.Conn().PgConn().Exec(ctx, v.query).ReadAll(); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := c.Conn().Exec(ctx, "COMMIT"); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
