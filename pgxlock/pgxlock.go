@@ -20,9 +20,11 @@
 //     level), BEGIN must come first, since the level cannot be set after a
 //     query: the query is BEGIN, then the lock statement, and a busy
 //     attempt costs a ROLLBACK too.
-//   - A ServerWait window (txlock.WithServerWait) is a BEGIN and the waiting
-//     statement, as in txlock: a window waits anyway, and the round trip it
-//     could save is not worth an error per window.
+//   - A wait in the server (each window of txlock.WithServerWait, and the
+//     default strategy's one window per call: see txlock's "Local queues")
+//     is a BEGIN and the waiting statement, as in txlock: a window waits
+//     anyway, and the round trip it could save is not worth an error per
+//     window.
 //
 // The application's own queries in fn use the connection's exec mode;
 // behind PgBouncer 1.18 in transaction mode that must be one of the modes
