@@ -18,54 +18,20 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
-// ledger is a deliberately racy read-sleep-write workload: each run reads a
-// counter, sleeps, writes it back plus one, and records when it entered and
-// left. Without mutual exclusion it loses updates and its runs overlap.
-type ledger struct {
-	table string
+// ledger is locktest's racy workload, with steps in a *sql.Tx.
+type ledger struct{ *locktest.Ledger }
+
+func newLedger(t *testing.T, db *sql.DB) ledger { return ledger{locktest.NewLedger(t, db, "ledger")} }
+
+func (l ledger) step(ctx context.Context, tx *sql.Tx) error {
+	return l.Step(ctx, locktest.SQLTx{Tx: tx})
 }
 
-func newLedger(t *testing.T, db *sql.DB) *ledger {
-	t.Helper()
-	l := &ledger{table: fmt.Sprintf("ledger_%d", time.Now().UnixNano())}
-	_, err := db.Exec(`CREATE TABLE ` + l.table + `_counter (n int NOT NULL);
-		INSERT INTO ` + l.table + `_counter VALUES (0);
-		CREATE TABLE ` + l.table + `_runs (id serial PRIMARY KEY, enter timestamptz NOT NULL, exit timestamptz)`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := db.Exec(`DROP TABLE ` + l.table + `_counter, ` + l.table + `_runs`)
-		assert.NoError(t, err)
-	})
-	return l
-}
-
-func (l *ledger) step(ctx context.Context, tx *sql.Tx) error {
-	var id, n int
-	if err := tx.QueryRowContext(ctx, `INSERT INTO `+l.table+`_runs (enter) VALUES (clock_timestamp()) RETURNING id`).Scan(&id); err != nil {
-		return err
-	}
-	if err := tx.QueryRowContext(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Millisecond)
-	if _, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1); err != nil {
-		return err
-	}
-	_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE id = $1`, id)
-	return err
-}
-
-// check returns the counter and the number of overlapping pairs of runs.
-func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
-	t.Helper()
-	require.NoError(t, db.QueryRow(`SELECT n FROM `+l.table+`_counter`).Scan(&n))
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+l.table+`_runs a JOIN `+l.table+`_runs b
-		ON a.id < b.id AND a.enter < b.exit AND b.enter < a.exit`).Scan(&overlaps))
-	return n, overlaps
-}
+func (l ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) { return l.Check(t, db) }
 
 func TestMutualExclusion(t *testing.T) {
 	const workers, iters = 8, 8
@@ -127,7 +93,7 @@ func TestPgBouncerCacheStatementMode(t *testing.T) {
 	key := txlock.StringKey(uniq(t))
 	errs := hammer(8, 10, func() error {
 		return txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
-			_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = n + 1`)
+			_, err := tx.ExecContext(ctx, `UPDATE `+l.Table+`_counter SET n = n + 1`)
 			return err
 		}, txlock.WithTimeout(30*time.Second))
 	})
@@ -674,10 +640,10 @@ func TestRepeatableReadLosesNoUpdate(t *testing.T) {
 				return txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 					runs.Add(1)
 					var n int
-					if err := tx.QueryRowContext(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
+					if err := tx.QueryRowContext(ctx, `SELECT n FROM `+l.Table+`_counter`).Scan(&n); err != nil {
 						return err
 					}
-					_, err := tx.ExecContext(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1)
+					_, err := tx.ExecContext(ctx, `UPDATE `+l.Table+`_counter SET n = $1`, n+1)
 					return err
 				}, txlock.WithTxOptions(&sql.TxOptions{Isolation: level}), txlock.WithTimeout(30*time.Second),
 					txlock.WithSerializationRetries(100))

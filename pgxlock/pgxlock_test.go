@@ -69,56 +69,39 @@ func bouncer(t testing.TB, mode string) (*pgxpool.Pool, *sql.DB, string) {
 
 var requireNoAdvisoryLocks = locktest.RequireNoAdvisoryLocks
 
-// ledger is a read-modify-write workload that loses updates, and records
-// overlapping runs, unless its steps are mutually exclusive.
-type ledger struct{ table string }
+// ledger is locktest's racy workload, with steps in a pgx.Tx.
+type ledger struct{ *locktest.Ledger }
 
-func newLedger(t *testing.T, db *sql.DB) *ledger {
-	t.Helper()
-	l := &ledger{table: fmt.Sprintf("pgxledger_%d", time.Now().UnixNano())}
-	_, err := db.Exec(`CREATE TABLE ` + l.table + `_counter (n int NOT NULL);
-		INSERT INTO ` + l.table + `_counter VALUES (0);
-		CREATE TABLE ` + l.table + `_runs (id serial PRIMARY KEY, enter timestamptz NOT NULL, exit timestamptz)`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, err := db.Exec(`DROP TABLE ` + l.table + `_counter, ` + l.table + `_runs`)
-		assert.NoError(t, err)
-	})
-	return l
+func newLedger(t *testing.T, db *sql.DB) ledger {
+	return ledger{locktest.NewLedger(t, db, "pgxledger")}
 }
 
-func (l *ledger) step(ctx context.Context, tx pgx.Tx) error {
-	var id, n int
-	if err := tx.QueryRow(ctx, `INSERT INTO `+l.table+`_runs (enter) VALUES (clock_timestamp()) RETURNING id`).Scan(&id); err != nil {
-		return err
-	}
-	if err := tx.QueryRow(ctx, `SELECT n FROM `+l.table+`_counter`).Scan(&n); err != nil {
-		return err
-	}
-	time.Sleep(2 * time.Millisecond)
-	if _, err := tx.Exec(ctx, `UPDATE `+l.table+`_counter SET n = $1`, n+1); err != nil {
-		return err
-	}
-	_, err := tx.Exec(ctx, `UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE id = $1`, id)
+func (l ledger) step(ctx context.Context, tx pgx.Tx) error { return l.Step(ctx, pgxTx{tx}) }
+
+func (l ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) { return l.Check(t, db) }
+
+// pgxTx is a pgx.Tx as a ledger's Tx.
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) QueryInt(ctx context.Context, query string, args ...any) (int, error) {
+	var n int
+	err := t.tx.QueryRow(ctx, query, args...).Scan(&n)
+	return n, err
+}
+
+func (t pgxTx) Exec(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.Exec(ctx, query, args...)
 	return err
 }
 
 // stepNoArgs is step with statements that take no arguments, which pgx
 // sends with the simple protocol in every exec mode.
-func (l *ledger) stepNoArgs(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `INSERT INTO `+l.table+`_runs (enter, exit) VALUES (clock_timestamp(), NULL);
-		UPDATE `+l.table+`_counter SET n = n + 1;
+func (l ledger) stepNoArgs(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `INSERT INTO `+l.Table+`_runs (enter, exit) VALUES (clock_timestamp(), NULL);
+		UPDATE `+l.Table+`_counter SET n = n + 1;
 		SELECT pg_sleep(0.002);
-		UPDATE `+l.table+`_runs SET exit = clock_timestamp() WHERE exit IS NULL`)
+		UPDATE `+l.Table+`_runs SET exit = clock_timestamp() WHERE exit IS NULL`)
 	return err
-}
-
-func (l *ledger) check(t *testing.T, db *sql.DB) (n, overlaps int) {
-	t.Helper()
-	require.NoError(t, db.QueryRow(`SELECT n FROM `+l.table+`_counter`).Scan(&n))
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM `+l.table+`_runs a JOIN `+l.table+`_runs b
-		ON a.id < b.id AND a.enter < b.exit AND b.enter < a.exit`).Scan(&overlaps))
-	return n, overlaps
 }
 
 var hammer = locktest.Hammer

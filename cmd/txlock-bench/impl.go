@@ -344,24 +344,23 @@ func (s *sessionWorker) close() { _ = s.conn.Close() }
 // redisLock takes a bsm/redislock lock (ExponentialBackoff between tries),
 // runs the same database/sql transaction, and releases the lock.
 func redisLock(min, max time.Duration) impl {
-	return impl{name: "redislock+tx", pgbouncerSafe: true,
-		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
-			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-			defer cancel()
-			l, err := e.locks.Obtain(lctx, "bench:row:"+strconv.Itoa(id), 30*time.Second,
-				&redislock.Options{RetryStrategy: redislock.ExponentialBackoff(min, max)})
-			if err != nil {
-				return err
-			}
-			err = inTx(ctx, e.db, id, w, granted, nil)
-			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
-		}}
+	return redisLocked("redislock+tx", min, max, func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		return inTx(ctx, e.db, id, w, granted, nil)
+	})
 }
 
 // redisLockPgx is redisLock with the transaction in pgx itself, as
 // plain-pgx runs it: the like-for-like alternative to pgxlock.
 func redisLockPgx(min, max time.Duration) impl {
-	return impl{name: "redislock+pgx-tx", pgbouncerSafe: true,
+	return redisLocked("redislock+pgx-tx", min, max, func(ctx context.Context, e *env, id int, w work, granted func()) error {
+		return inPgxTx(ctx, e.pgx, id, w, granted)
+	})
+}
+
+// redisLocked is the redislock implementation named name: tx runs under
+// the Redis lock of row id.
+func redisLocked(name string, min, max time.Duration, tx func(ctx context.Context, e *env, id int, w work, granted func()) error) impl {
+	return impl{name: name, pgbouncerSafe: true,
 		run: func(ctx context.Context, e *env, id int, w work, granted func()) error {
 			lctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 			defer cancel()
@@ -370,7 +369,7 @@ func redisLockPgx(min, max time.Duration) impl {
 			if err != nil {
 				return err
 			}
-			err = inPgxTx(ctx, e.pgx, id, w, granted)
+			err = tx(ctx, e, id, w, granted)
 			return errors.Join(err, l.Release(context.WithoutCancel(ctx)))
 		}}
 }
