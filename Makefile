@@ -2,19 +2,24 @@
 # is missing, or names the command that does), formatting, vet, and the test
 # suites with the race detector against throwaway PostgreSQL and PgBouncer
 # servers; then the root and interop packages again on every other
-# PostgreSQL version of the version matrix.
+# PostgreSQL version of the version matrix; then the publication check of
+# the modules users install (scripts/release.sh check). Each phase prints
+# its duration when it ends, and the tests run in a shuffled order whose
+# seed go test prints (-test.shuffle N), so that a test that passes only
+# after another shows.
 #
-# The repository holds eight modules, so that what the tests and tools need
+# The repository holds nine modules, so that what the tests and tools need
 # stays out of the library's go.mod: the library at the root, the
 # reliability suite, the benchmark program, pgdocker (a PostgreSQL in a
 # container for the tests), the Prometheus and OpenTelemetry adapters
 # (txlockprom, txlockotel), the example that serves their metrics
-# (examples/observability) and interopcheck (which pins interop's keys
-# against golang-migrate's own code). go.work lets go commands at the root
-# reach all eight; the targets below run each module on its own go.mod, as a
-# build outside this repository would.
+# (examples/observability), interopcheck (which pins interop's keys against
+# golang-migrate's own code) and internal/release (the publication tool,
+# outside go.work). go.work joins the others for local development: they
+# require each other at the release version, which go.work points at the
+# working tree (see RELEASING.md).
 MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability internal/interopcheck
-export GOWORK := off
+TESTFLAGS := -race -count=1 -shuffle=on
 
 DEPS := scripts/deps.sh
 # The version matrix runs the root package without the tests that need a hot
@@ -25,15 +30,20 @@ DEPS := scripts/deps.sh
 # term's isolation and transaction_timeout tests do run on every version).
 MATRIX_SKIP := Standby|TermHoldsBackNoVacuum|TermExclusionAcrossProcesses
 
-.PHONY: demo test bench deps check suites matrix download tidy fuzz
+.PHONY: demo test bench deps check suites matrix modules download tidy fuzz
 # The steps of test run in the order given.
 .NOTPARALLEL:
+
+# timed runs its recipe line as one phase named $(1), and prints how long
+# it took when it ends, whether it passed or failed.
+timed = start=$$(date +%s); status=0; ( $(2) ) || status=$$?; \
+	echo "phase $(1): $$(( $$(date +%s) - start ))s$$( [ $$status -eq 0 ] || echo ", failed")"; exit $$status
 
 demo:
 	@$(DEPS) demo
 	go run ./examples/inventory
 
-test: deps check suites matrix
+test: deps check suites matrix modules
 
 # The benchmark program (BENCHMARKS.md), once scripts/deps.sh has what it
 # needs: PostgreSQL, PgBouncer and redis-server. BENCH_FLAGS are its flags:
@@ -44,51 +54,48 @@ bench:
 	cd cmd/txlock-bench && go run . $(BENCH_FLAGS)
 
 deps:
-	@$(DEPS) test
+	@$(call timed,deps,$(DEPS) test)
 
 check:
-	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	@for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && go vet ./...) || exit 1; done
+	@$(call timed,check,out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi; \
+		for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && go vet ./...) || exit 1; done; \
+		(cd internal/release && GOWORK=off go vet ./...))
 
 # Every module, on the PostgreSQL found as the test harness finds it (named,
 # and passed on in TXLOCK_TEST_PG_BINDIR, with its major version in
 # TXLOCK_TEST_PG_MAJOR, which TestServerVersion checks).
 suites:
-	@on=; if [ -z "$$TXLOCK_TEST_DATABASE_URL" ] && bin=$$($(DEPS) bindir); then \
+	@$(call timed,suites,on=; if [ -z "$$TXLOCK_TEST_DATABASE_URL" ] && bin=$$($(DEPS) bindir); then \
 		v=$$("$$bin/postgres" --version | sed -n 's/^postgres (PostgreSQL) \([0-9][0-9.]*\).*/\1/p'); \
 		export TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR="$${v%%.*}"; \
 		on=" on PostgreSQL $$v ($$bin)"; \
 	fi; \
-	for m in $(MODULES); do echo "go test -race -count=1 ./... in $$m$$on"; (cd $$m && go test -race -count=1 ./...) || exit 1; done
+	for m in $(MODULES); do echo "go test $(TESTFLAGS) ./... in $$m$$on"; (cd $$m && go test $(TESTFLAGS) ./...) || exit 1; done)
 
 # The root package on each version of the matrix, with Debian's PgBouncer in
 # front, then the interop package, whose Hashtext is compared with each
-# version's hashtext(). A version that is not installed is skipped, or fails
-# when CI is set. The root package's go test runs without package arguments,
-# so that TestServerVersion's "server: PostgreSQL …" line is shown.
+# version's hashtext(): scripts/matrix.sh, which runs the versions at the
+# same time. A version that is not installed is skipped, or fails when CI is
+# set. The root package's go test runs without package arguments, so that
+# TestServerVersion's "server: PostgreSQL …" line is shown.
 matrix:
-	@if [ -n "$$TXLOCK_TEST_DATABASE_URL" ]; then echo "version matrix skipped: TXLOCK_TEST_DATABASE_URL is set"; exit 0; fi; \
-	failed=; \
-	for major in $$($(DEPS) matrix); do \
-		if ! bin=$$($(DEPS) bindir $$major); then \
-			if [ -n "$$CI" ]; then echo "PostgreSQL $$major is not installed (scripts/deps.sh test installs it): failing, because CI is set"; failed="$$failed $$major"; \
-			else echo "PostgreSQL $$major is not installed (scripts/deps.sh test installs it): skipped"; fi; \
-			continue; \
-		fi; \
-		echo "go test -race -count=1 -skip '$(MATRIX_SKIP)' in . on PostgreSQL $$major ($$bin)"; \
-		ok=1; \
-		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 -skip '$(MATRIX_SKIP)' || ok=; \
-		echo "go test -race -count=1 ./interop on PostgreSQL $$major ($$bin)"; \
-		TXLOCK_TEST_PG_BINDIR="$$bin" TXLOCK_TEST_PG_MAJOR=$$major go test -race -count=1 ./interop || ok=; \
-		[ -n "$$ok" ] || failed="$$failed $$major"; \
-	done; \
-	if [ -n "$$failed" ]; then echo "version matrix failed on PostgreSQL$$failed"; exit 1; fi
+	@$(call timed,matrix,if [ -n "$$TXLOCK_TEST_DATABASE_URL" ]; then echo "version matrix skipped: TXLOCK_TEST_DATABASE_URL is set"; exit 0; fi; \
+		scripts/matrix.sh '$(MATRIX_SKIP)' $(TESTFLAGS))
+
+# The publication check of the modules users install (RELEASING.md).
+modules:
+	@$(call timed,modules,scripts/release.sh check)
 
 download:
 	@for m in $(MODULES); do (cd $$m && go mod download) || exit 1; done
 
+# Each module tidied on its own go.mod, without go.work, against the
+# committed modules published at the release version into a temporary
+# proxy (the version exists nowhere else before it is tagged).
 tidy:
-	@for m in $(MODULES); do (cd $$m && go mod tidy) || exit 1; done
+	@proxy=$$(mktemp -d); scripts/release.sh proxy "$$proxy" >/dev/null || exit 1; \
+	for m in $(MODULES) internal/release; do (cd $$m && GOWORK=off GONOSUMDB=github.com/txlock/txlock GOFLAGS=-mod=mod \
+		GOPROXY="file://$$proxy,$$(go env GOPROXY)" go mod tidy) || exit 1; done; rm -rf "$$proxy"
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzPgLocksRoundTrip -fuzztime 30s .

@@ -10,8 +10,10 @@ import (
 
 // Errors returned by this package. Match them with errors.Is.
 var (
-	// ErrLockTimeout: the lock was not granted before the deadline, or the
-	// context ended while waiting. The error is a *LockTimeoutError.
+	// ErrLockTimeout: the lock was not granted before the deadline: the
+	// one WithTimeout (or DefaultTimeout) sets, or the context's own. The
+	// error is a *LockTimeoutError. A wait whose context was cancelled
+	// instead is not a timeout: see LockTimeoutError for the rule.
 	ErrLockTimeout = errors.New("txlock: lock wait timed out")
 
 	// ErrStandby: the server is a hot standby (pg_is_in_recovery() is true).
@@ -47,14 +49,32 @@ var (
 	// start did not complete within the TTL.
 	ErrLockLost = errors.New("txlock: lock lost")
 
+	// ErrLockTableFull: the lock statement failed because the server's
+	// shared lock table is full (SQLSTATE 53200, "out of shared memory"):
+	// too many locks are held at once across all sessions. The table is
+	// sized by max_locks_per_transaction; see MaxKeys. The server's error
+	// stays reachable with errors.As.
+	ErrLockTableFull = errors.New("txlock: the server's lock table is full")
+
 	// ErrTermReleased: the term was ended by Term.Release (or by Lead, once
 	// fn returned). It is the cause of the term's context then.
 	ErrTermReleased = errors.New("txlock: term released")
 )
 
 // LockTimeoutError reports a lock that was not granted in time. It matches
-// ErrLockTimeout, and, when the caller's context ended, that context's error
-// (context.Canceled or context.DeadlineExceeded) too.
+// ErrLockTimeout, and, when the context's deadline passed,
+// context.DeadlineExceeded too.
+//
+// This is the rule for every wait, on every path (database/sql, pgxlock,
+// sqlxlock, terms): a wait ends without the lock either because time ran out
+// or because the caller gave up.
+//   - Time ran out (WithTimeout, DefaultTimeout, or the context's deadline):
+//     a *LockTimeoutError, which matches ErrLockTimeout; the event is
+//     TimedOut.
+//   - The context was cancelled (context.Canceled: a shutdown, an abandoned
+//     request): a *CanceledError, which matches context.Canceled, and not
+//     ErrLockTimeout, and carries the context's cause; the event is
+//     Canceled, and metrics count it apart from timeouts.
 type LockTimeoutError struct {
 	Keys     []Key         // the keys asked for, in canonical order
 	Attempts int           // lock statements run
@@ -80,6 +100,42 @@ func (e *LockTimeoutError) Is(target error) bool { return target == ErrLockTimeo
 // Unwrap returns the caller's context error, if any.
 func (e *LockTimeoutError) Unwrap() error { return e.Err }
 
+// CanceledError reports a lock wait that its caller's context cancelled
+// (context.Canceled): not a timeout, and not matching ErrLockTimeout (see
+// LockTimeoutError for the rule). It matches context.Canceled, and the
+// context's cause when the context was cancelled with one.
+type CanceledError struct {
+	Keys     []Key         // the keys asked for, in canonical order
+	Attempts int           // lock statements run
+	Waited   time.Duration // time from the call to giving up
+	Cause    error         // context.Cause of the caller's context: context.Canceled, or the cause it was cancelled with
+}
+
+func (e *CanceledError) Error() string {
+	var sb strings.Builder
+	sb.WriteString("txlock: lock wait canceled: ")
+	writeKeys(&sb, e.Keys)
+	fmt.Fprintf(&sb, " not granted after %d attempts in %v: %v", e.Attempts, e.Waited.Round(time.Microsecond), e.Cause)
+	return sb.String()
+}
+
+// Unwrap returns context.Canceled and the cause, if it is another error.
+func (e *CanceledError) Unwrap() []error {
+	if e.Cause == nil || e.Cause == context.Canceled {
+		return []error{context.Canceled}
+	}
+	return []error{context.Canceled, e.Cause}
+}
+
+// waitEnded is the error, and the event kind, of a wait that ended without
+// the lock after attempts in waited: the rule LockTimeoutError documents.
+func waitEnded(ctx context.Context, keys []Key, attempts int, waited time.Duration) (EventKind, error) {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return Canceled, &CanceledError{Keys: keys, Attempts: attempts, Waited: waited, Cause: context.Cause(ctx)}
+	}
+	return TimedOut, &LockTimeoutError{Keys: keys, Attempts: attempts, Waited: waited, Err: ctx.Err()}
+}
+
 // SQLState returns the SQLSTATE code of the first PostgreSQL error in err's
 // chain, or "" if there is none. It works with any driver whose errors have
 // a SQLState() string method, as pgx's *pgconn.PgError does.
@@ -96,6 +152,7 @@ const (
 	codeLockNotAvailable = "55P03" // lock_timeout ended a ServerWait window
 	codeDeadlock         = "40P01" // deadlock_detected
 	codeSerialization    = "40001" // serialization_failure
+	codeOutOfMemory      = "53200" // out_of_memory: the shared lock table is full
 )
 
 // retryable reports a serialization failure or a deadlock: WithLock re-runs
@@ -133,6 +190,15 @@ func keysString(keys []Key) string {
 	var sb strings.Builder
 	writeKeys(&sb, keys)
 	return sb.String()
+}
+
+// keysSummary is keysString for a few keys, and a count with the first for
+// more.
+func keysSummary(keys []Key) string {
+	if len(keys) <= 3 {
+		return keysString(keys)
+	}
+	return fmt.Sprintf("%d keys (%s, …)", len(keys), keys[0])
 }
 
 func writeKeys(sb *strings.Builder, keys []Key) {

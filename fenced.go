@@ -84,24 +84,28 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // commit flushes the sequence's WAL). Then the lock's transaction is asked
 // one statement, which proves it was alive, and so held the lock, until after
 // the draw. A transaction-scoped lock cannot be lost while its transaction
-// lives. Cost: two round trips, one on a second pool connection.
+// lives. Cost, on database/sql: four round trips, three of them on the
+// second connection (the draw runs in a transaction of its own there: see
+// draw.go); on pgxlock: two, one on each.
 //
-// The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB) of
-// at least two connections: a *sql.Conn, or a pool limited to one
-// connection, gets ErrNoToken rather than a deadlock, and so does a draw
-// that lands on the lock's own session. Size the pool above the number of
-// holders that draw at once: each waits for a free connection, bounded only
-// by fn's context (set WithMaxHold, or a deadline). A token is never issued
-// to a fn that does not hold its lock, or after fn has returned
-// (ErrNoToken).
+// The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB,
+// *pgxpool.Pool) of at least two connections: a single connection, or a
+// pool limited to one, gets ErrNoToken rather than a deadlock, and so does a
+// draw that lands on the lock's own session. Give calls whose fn draws
+// tokens WithFencing, which sets the draw's connection aside before the
+// lock is taken: holders then never wait for one, however many of them
+// the pool's connections serve. Without it, a draw on a pool whose
+// connections are all in use fails at once with ErrNoToken (see draw.go
+// for both rules). A token is never issued to a fn that does not hold its
+// lock, or after fn has returned (ErrNoToken).
 //
 // On a term's context (Term.Context, Lead's fn), Token draws nothing: it
 // returns the term's token, drawn when the term began, if f's sequence is
 // the term's (the zero Fencer's, or WithTermFencer's), and ErrNoToken,
 // naming the term's sequence, otherwise.
 //
-// Behind PgBouncer 1.18, the draw is an ordinary query: use one of the
-// default_query_exec_mode settings the README names. Surviving a failover
+// The draw and its check work in every exec mode of pgx behind PgBouncer
+// 1.18 in transaction mode (see draw.go for how). Surviving a failover
 // needs synchronous replication; a token drawn from an asynchronous standby
 // promoted after a crash can repeat.
 func (f Fencer) Token(ctx context.Context) (int64, error) {
@@ -134,7 +138,7 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	}
 	var token int64
 	var xid string
-	var drawPID, lockPID int
+	var drawPID int
 	// Every name is qualified, the sequence's too, and the comparison is
 	// pg_catalog's: no search_path can change what this statement does.
 	err := drawRow(ctx, st, `SELECT pg_catalog.nextval(`+quoteLiteral(seq)+`::pg_catalog.regclass),
@@ -152,10 +156,11 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	// without a break from the grant until after the draw. It must also be
 	// another session than the draw's, or the draw ran inside the
 	// uncommitted lock transaction (a db that wraps one connection).
-	if err := lockRow(ctx, st, "SELECT pg_catalog.pg_backend_pid()", &lockPID); err != nil {
+	same, err := sameSession(ctx, st, drawPID)
+	if err != nil {
 		return 0, fmt.Errorf("%w: the lock's transaction ended before the token could be confirmed: %w", ErrNoToken, err)
 	}
-	if drawPID == lockPID {
+	if same {
 		if st.sess != nil {
 			return 0, fmt.Errorf("%w: the token was drawn on the lock's own connection; give the lock a pool", ErrNoToken)
 		}
@@ -172,24 +177,42 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 }
 
 // drawRow runs a token's draw on another connection than st's lock, and
-// scans its row into dest.
+// scans its row into dest: on the connection WithFencing set aside, if any;
+// else on one of the pool's (see draw.go).
 func drawRow(ctx context.Context, st *lockState, query string, dest ...any) error {
+	if st.draw != nil {
+		if drawn, err := st.draw.draw(ctx, query, dest...); drawn {
+			return err
+		}
+	}
 	if st.sess != nil {
 		return st.sess.DrawRow(ctx, query, dest...)
 	}
-	pool, err := tokenPool(st.db)
+	q, h, err := tokenPool(st.db)
 	if err != nil {
 		return err
 	}
-	return pool.QueryRowContext(ctx, query).Scan(dest...)
+	return queryRow(ctx, h, q, query, dest...)
 }
 
-// lockRow runs query in st's lock transaction and scans its row into dest.
-func lockRow(ctx context.Context, st *lockState, query string, dest ...any) error {
+// sameSession asks the lock's transaction whether its backend is drawPID,
+// which also proves the transaction alive. On database/sql the question is
+// a statement whose row count is the answer, which the drivers send
+// without preparing it (pgx: with the simple protocol) in every exec mode.
+func sameSession(ctx context.Context, st *lockState, drawPID int) (bool, error) {
 	if st.sess != nil {
-		return st.sess.LockRow(ctx, query, dest...)
+		var lockPID int
+		if err := st.sess.LockRow(ctx, "SELECT pg_catalog.pg_backend_pid()", &lockPID); err != nil {
+			return false, err
+		}
+		return lockPID == drawPID, nil
 	}
-	return st.tx.QueryRowContext(ctx, query).Scan(dest...)
+	res, err := st.tx.ExecContext(ctx, "SELECT 1 WHERE pg_catalog.pg_backend_pid() OPERATOR(pg_catalog.=) "+strconv.Itoa(drawPID))
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
 }
 
 // CreateSequence creates the Fencer's sequence if it does not exist, in its
@@ -234,20 +257,29 @@ func (f Fencer) sequence() (string, error) {
 	return qualified("Fencer", schema, name)
 }
 
-// tokenPool returns db as something that runs a statement on a connection
-// of its own, or explains why it cannot.
-func tokenPool(db Beginner) (Querier, error) {
+// tokenPool returns where a token is drawn when the call set no connection
+// aside (WithFencing): db, if it is a pool with a connection to spare, and
+// its queue handle.
+func tokenPool(db Beginner) (rowQuerier, any, error) {
 	if _, ok := db.(*sql.Conn); ok {
-		return nil, fmt.Errorf("%w: fencing tokens are drawn on a second connection, and WithLock was given a single *sql.Conn; give it the *sql.DB", ErrNoToken)
+		return nil, nil, fmt.Errorf("%w: fencing tokens are drawn on a second connection, and WithLock was given a single *sql.Conn; give it the *sql.DB", ErrNoToken)
 	}
-	pool, ok := db.(Querier)
+	h := queueHandle(db)
+	if pool, ok := h.(*sql.DB); ok {
+		s := pool.Stats()
+		if s.MaxOpenConnections == 1 {
+			return nil, nil, fmt.Errorf("%w: the pool allows one connection (SetMaxOpenConns(1)), which the lock holds; a token needs a second", ErrNoToken)
+		}
+		if s.MaxOpenConnections > 0 && s.InUse >= s.MaxOpenConnections {
+			return nil, nil, errPoolFull(s.InUse, s.MaxOpenConnections)
+		}
+		return pool, h, nil
+	}
+	q, ok := db.(rowQuerier)
 	if !ok {
-		return nil, fmt.Errorf("%w: fencing tokens need a connection pool such as *sql.DB or *sqlx.DB, and WithLock was given %T", ErrNoToken, db)
+		return nil, nil, fmt.Errorf("%w: fencing tokens need a connection pool such as *sql.DB or *sqlx.DB, and WithLock was given %T", ErrNoToken, db)
 	}
-	if s, ok := db.(interface{ Stats() sql.DBStats }); ok && s.Stats().MaxOpenConnections == 1 {
-		return nil, fmt.Errorf("%w: the pool allows one connection (SetMaxOpenConns(1)), which the lock holds; a token needs a second", ErrNoToken)
-	}
-	return pool, nil
+	return q, h, nil
 }
 
 // Querier runs a statement and returns one row: *sql.DB, *sql.Tx, *sql.Conn,

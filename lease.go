@@ -177,10 +177,10 @@ func asTerm(c *config) {
 // What a term costs: one connection for its whole length (behind PgBouncer
 // in transaction mode, one server connection, pinned: size the pool for
 // it), one heartbeat statement per interval, and, at its start, a fencing
-// token drawn on another connection of the pool: the pool needs one free
-// connection for each term that is starting, beyond the connections the
-// terms hold, or the start waits for one and, at the TTL, fails with
-// ErrLockLost. Its transaction holds no snapshot between statements and is
+// token drawn on another connection of the pool: without WithFencing, the
+// pool needs a connection to spare when a term starts, or the start fails
+// at once with ErrNoToken; with it, one connection is set aside for draws
+// while the term campaigns and starts. Its transaction holds no snapshot between statements and is
 // given no transaction id, so it holds back no vacuum, however long it
 // lasts.
 //
@@ -281,7 +281,8 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // for the transaction, then the heartbeats, and nothing else. Once the lock
 // is granted, a fencing token is drawn durably from the zero Fencer's
 // sequence (or WithTermFencer's), as Fencer.Token does: db must be a pool
-// with a free connection for the draw (see Term), and the sequence must
+// with a connection to spare for the draw (see Term and WithFencing), and
+// the sequence must
 // exist (Fencer.CreateSequence). The term's start (the draw, its check on
 // the term's transaction, the first heartbeat) is bounded by the TTL: past
 // it, AcquireTerm fails with an error matching ErrLockLost.
@@ -402,6 +403,16 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 	st.lease = Lease{Keys: a.keys, Held: true}
 	if c.ev.on() {
 		st.ev = &c.ev
+	}
+	if c.fencing {
+		// The term's start draws its token: set the draw's connection
+		// aside while the campaign holds nothing (see WithFencing).
+		d, err := reserveFor(ctx, c, a)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { st.draw = nil; d.release() }()
+		st.draw = d
 	}
 	ta := termAttempter{a: a}
 	err := c.wait(ctx, &st.lease, &ta, q)
@@ -585,11 +596,8 @@ func (t *Term) begin(ctx context.Context) error {
 		return fmt.Errorf("txlock: term of %s: %w", t.key, err)
 	}
 	t.token.Store(token)
-	// The token's check ran on the term's transaction after drawn, as a
-	// query, through the extended protocol: its unnamed portal keeps a
-	// snapshot, and so backend_xmin, until the next statement. A
-	// heartbeat, which database/sql sends with the simple protocol, drops
-	// it now rather than an interval later.
+	// The token's check ran on the term's transaction after drawn. The
+	// first heartbeat follows at once, rather than an interval later.
 	t.lastOK.Store(int64(drawn))
 	sent := t.since()
 	if _, err := h.tx.ExecContext(st, heartbeatStatement); err != nil {

@@ -66,8 +66,8 @@ type EventKind uint8
 // The events, in the order a call can meet them. Every wait begins with
 // WaitStarted, reports Busy after each attempt that found a key held, and
 // ends with exactly one of Acquired, TimedOut (followed by FailedOpen under
-// WithFailOpen), StandbyRefused, Skipped (a try that found the lock busy)
-// or Failed. An acquired lock reports TokenIssued for each fencing token fn
+// WithFailOpen), Canceled (the caller's context was cancelled),
+// StandbyRefused, Skipped (a try that found the lock busy) or Failed. An acquired lock reports TokenIssued for each fencing token fn
 // draws, HoldTimeout if fn outlives WithMaxHold, then Released once its
 // transaction has ended, also when fn panics; SerializationRetry then
 // precedes a new round's WaitStarted. LockTx reports the events of the
@@ -91,6 +91,7 @@ const (
 	Skipped                                 // a try found the lock busy, and fn does not run
 	Failed                                  // the wait ended in an error that is not about the lock (a connection error, a refused option, a deadlock in LockTx): Err
 	TermLost                                // a term lost its lock (a heartbeat failed, or none succeeded for its TTL): Held, Token, Err matches ErrLockLost
+	Canceled                                // the caller's context was cancelled while waiting: Err matches context.Canceled (see LockTimeoutError)
 )
 
 var eventNames = [...]string{
@@ -108,6 +109,7 @@ var eventNames = [...]string{
 	Skipped:            "skipped",
 	Failed:             "failed",
 	TermLost:           "term_lost",
+	Canceled:           "canceled",
 }
 
 // String returns the event's name in snake case, such as "timed_out".
@@ -132,7 +134,7 @@ type Event struct {
 	Held     time.Duration // Released, HoldTimeout, TermLost: from the grant to this event
 
 	Committed bool  // Released: txlock committed the transaction (false if fn ended it itself)
-	Err       error // Released: what the round returned (for the last round, what the call returns; for a fn that panicked, an error saying so; for a term, nil after Release, else why it ended); TimedOut, Failed, SerializationRetry, StaleWrite, TermLost: the error
+	Err       error // Released: what the round returned (for the last round, what the call returns; for a fn that panicked, an error saying so; for a term, nil after Release, else why it ended); TimedOut, Canceled, Failed, SerializationRetry, StaleWrite, TermLost: the error
 
 	Token    int64  // TokenIssued, StaleWrite, TermLost: the token drawn, carried by the refused write, or of the lost term
 	Sequence string // TokenIssued: the sequence the token came from

@@ -49,6 +49,7 @@ type config struct {
 	logger        *slog.Logger
 	serialRetries int
 	serialSet     bool
+	fencing       bool     // WithFencing: a draw connection is set aside before the lock
 	onlyOwnTx     []string // options that make no sense inside a caller's tx
 	// term is set for AcquireTerm, TryAcquireTerm and Lead (see lease.go);
 	// heartbeat and fencer are their options, and onlyTerm names the
@@ -222,6 +223,28 @@ func WithSerializationRetries(n int) Option {
 		c.serialRetries = n
 		c.serialSet = true
 		c.onlyOwnTx = append(c.onlyOwnTx, "WithSerializationRetries")
+	}
+}
+
+// WithFencing says that fn draws fencing tokens (FenceToken, Fencer.Token):
+// before the lock is taken, one connection of db's pool is set aside for
+// draws, so that a holder never waits for a pool connection to draw on. It
+// is shared by every call of this process on that pool that gives this
+// option, serves their draws one at a time, and goes back to the pool when
+// the last of them has ended. Without it, a draw takes a connection from the
+// pool, and one on a pool whose connections are all in use (all held by
+// holders, say, each about to draw) fails at once with ErrNoToken.
+//
+// Setting the connection aside waits for one as the lock wait does (until
+// WithTimeout, or the context, ends), before the call takes anything. db
+// must be a pool (*sql.DB, *sqlx.DB, *pgxpool.Pool) that allows two
+// connections at least; otherwise the call returns ErrInvalidArgument. It
+// applies to the WithLock family and to terms, whose start draws a token;
+// not inside a caller's transaction (LockTx), where fn has no tokens.
+func WithFencing() Option {
+	return func(c *config) {
+		c.fencing = true
+		c.onlyOwnTx = append(c.onlyOwnTx, "WithFencing")
 	}
 }
 

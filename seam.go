@@ -67,6 +67,34 @@ func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error 
 
 func (d *driverAcquirer) pooled() bool { return d.a.Pooled() }
 
+// drawPool implements drawPooler with the driver's DrawPool.
+func (d *driverAcquirer) drawPool() (any, func(context.Context) (drawConn, error), error) {
+	p, ok := d.a.(seam.DrawPool)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: WithFencing is not supported by this driver", ErrInvalidArgument)
+	}
+	h, open, err := p.DrawPool()
+	if err != nil {
+		return nil, nil, err
+	}
+	return h, func(ctx context.Context) (drawConn, error) {
+		c, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return driverDrawConn{c}, nil
+	}, nil
+}
+
+// driverDrawConn is a driver's DrawConn as a drawConn.
+type driverDrawConn struct{ c seam.DrawConn }
+
+func (d driverDrawConn) drawRow(ctx context.Context, query string, dest ...any) error {
+	return d.c.DrawRow(ctx, query, dest...)
+}
+
+func (d driverDrawConn) close() { d.c.Close() }
+
 // idleConn reports whether the driver's pool has an idle connection, for
 // the default strategy's window in the server (see config.headWait).
 func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }

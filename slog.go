@@ -11,6 +11,7 @@ import (
 //
 //   - Debug: wait_started, busy, acquired, released (without error),
 //     skipped, token_issued, serialization_retry;
+//   - Info: canceled;
 //   - Warn: timed_out, failed_open, stale_write, hold_timeout, failed,
 //     term_lost, and released with an error;
 //   - Error: standby_refused.
@@ -33,6 +34,8 @@ func (o slogObserver) Observe(ctx context.Context, e Event) context.Context {
 		level = slog.LevelWarn
 	case StandbyRefused:
 		level = slog.LevelError
+	case Canceled:
+		level = slog.LevelInfo
 	case Released:
 		if e.Err != nil {
 			level = slog.LevelWarn
@@ -49,7 +52,7 @@ func (o slogObserver) Observe(ctx context.Context, e Event) context.Context {
 		attrs = append(attrs, slog.Bool("shared", true))
 	}
 	switch e.Kind {
-	case Busy, Acquired, TimedOut, FailedOpen, StandbyRefused, Skipped, Failed:
+	case Busy, Acquired, TimedOut, Canceled, FailedOpen, StandbyRefused, Skipped, Failed:
 		attrs = append(attrs, slog.Int("attempts", e.Attempts), slog.Duration("waited", e.Waited))
 	case Released:
 		attrs = append(attrs, slog.Duration("held", e.Held), slog.Bool("committed", e.Committed))

@@ -142,6 +142,8 @@ type lockState struct {
 	tx    *sql.Tx  // the lock's transaction
 	// sess, for a driver's lock (see seam.go), stands for db and tx.
 	sess seam.Session
+	// draw is the connection WithFencing set aside for draws, or nil.
+	draw *drawer
 
 	ended atomic.Bool // fn has returned: the lock is gone, or going
 	ev    *events     // the call's events, if it has an observer
@@ -264,6 +266,15 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 		defer t.leave()
 	}
 	ev := &c.ev
+	var draw *drawer
+	if c.fencing {
+		var err error
+		if draw, err = reserveFor(ctx, c, a); err != nil {
+			return false, err
+		}
+		defer draw.release()
+	}
+	var fnErr error // the last round's result, once fn has run
 	for round := 0; ; round++ {
 		// Each round has its own state: a context that fn kept from an
 		// earlier round keeps describing that round's lock.
@@ -272,12 +283,18 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 			st = &lockState{}
 		}
 		st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
+		st.draw = draw
 		if ev.on() {
 			st.ev = ev
 		}
 		if err := c.wait(ctx, &st.lease, a, t); err != nil {
 			if t != nil {
 				t.leave()
+			}
+			if round > 0 {
+				// fn has run, and failed: that is the call's result,
+				// whatever stopped the retry.
+				return true, errors.Join(fnErr, retryNotRun(ctx, err))
 			}
 			if errors.Is(err, errBusy) {
 				return false, nil
@@ -319,8 +336,9 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 			}
 		}
 		if round < c.serialRetries && retryable(err) {
+			fnErr = err
 			if !c.clock.sleep(ctx, c.pause(round+1)) {
-				return true, err
+				return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
 			}
 			if ev.on() {
 				ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lease.Attempts, Err: err})
@@ -329,6 +347,24 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 		}
 		return true, err
 	}
+}
+
+// retryNotRun explains why fn was not run again after a serialization
+// failure: the retry's wait ended in err. It does not match the wait's
+// sentinels (ErrLockTimeout), since fn did run under the lock; a context's
+// end stays reachable with errors.Is.
+func retryNotRun(ctx context.Context, err error) error {
+	msg := "txlock: fn was not run again after its serialization failure"
+	if errors.Is(err, errBusy) {
+		return errors.New(msg + ": the retry found the lock busy")
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		if err == cerr {
+			return fmt.Errorf("%s: %w", msg, cerr)
+		}
+		return fmt.Errorf("%s: %v: %w", msg, err, cerr)
+	}
+	return fmt.Errorf("%s: %v", msg, err)
 }
 
 // errFnPanicked is the Err of the Released event of a fn that panicked.
@@ -380,8 +416,26 @@ func canonicalKeys(keys []Key) ([]Key, error) {
 	}
 	out := slices.Clone(keys)
 	slices.SortFunc(out, compareKeys)
-	return slices.CompactFunc(out, func(x, y Key) bool { return compareKeys(x, y) == 0 }), nil
+	out = slices.CompactFunc(out, func(x, y Key) bool { return compareKeys(x, y) == 0 })
+	if len(out) > MaxKeys {
+		return nil, fmt.Errorf("%w: %d distinct keys in one call, more than MaxKeys (%d): each takes a slot of the server's shared lock table, which every session shares; lock a coarser key, or split the work", ErrInvalidArgument, len(out), MaxKeys)
+	}
+	return out, nil
 }
+
+// MaxKeys is the most distinct keys one call may lock (WithLocks,
+// TryWithLocks, LockTx and their pgxlock forms); a call with more is refused
+// with ErrInvalidArgument before the server is touched.
+//
+// It is a constant, not read from the server, so that the check costs no
+// round trip. Every lock a transaction holds takes a slot of the server's
+// shared lock table, which has room for about max_locks_per_transaction ×
+// (max_connections + max_prepared_transactions) locks in all sessions
+// together: 64 × 100 = 6,400 on a server with the default settings. When it
+// is full, every session's lock requests fail, table locks included, with
+// SQLSTATE 53200 (ErrLockTableFull). MaxKeys keeps one call to about a sixth
+// of that default table.
+const MaxKeys = 1000
 
 // nilDB reports a nil db, or one that wraps a nil handle (TxlockQueueHandle,
 // see queueHandle).

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -138,32 +139,68 @@ func TestLockTimeout(t *testing.T) {
 	assert.Equal(t, 1, te.Attempts)
 }
 
+// A cancelled context ends the wait as a cancellation, not as a timeout: the
+// error matches context.Canceled and not ErrLockTimeout, and the event is
+// Canceled. A deadline stays a timeout.
 func TestCancelWhileWaiting(t *testing.T) {
 	db := direct(t)
 	key := txlock.StringKey(uniq(t))
 	hold(t, db, key, false)
+	var kinds kindRecorder
 
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
 	// A long sleep between attempts: the cancel must interrupt it.
 	err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil },
-		txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Minute}), txlock.WithTimeout(time.Hour))
+		txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Minute}), txlock.WithTimeout(time.Hour), txlock.WithObserver(&kinds))
 	elapsed := time.Since(start)
-	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
 	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorContains(t, err, "lock wait canceled")
+	assert.Equal(t, txlock.Canceled, kinds.last())
 	// A sleep left to run would last a minute; 2s leaves a loaded machine
 	// room.
 	assert.Less(t, elapsed, 2*time.Second)
 
 	// Already cancelled: nothing is attempted.
 	err = txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil })
-	var te *txlock.LockTimeoutError
-	require.ErrorAs(t, err, &te)
-	assert.Zero(t, te.Attempts)
 	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorContains(t, err, "after 0 attempts")
 	_, err = txlock.TryWithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil })
 	assert.ErrorIs(t, err, context.Canceled)
+
+	// The context's own deadline is a timeout.
+	dctx, dcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer dcancel()
+	err = txlock.WithLock(dctx, db, key, func(context.Context, *sql.Tx) error { return nil },
+		txlock.WithRetry(txlock.ConstantBackoff{Interval: time.Minute}), txlock.WithTimeout(time.Hour), txlock.WithObserver(&kinds))
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, txlock.TimedOut, kinds.last())
+}
+
+// kindRecorder is an Observer that records the kinds of the events it sees.
+type kindRecorder struct {
+	mu    sync.Mutex
+	kinds []txlock.EventKind
+}
+
+func (r *kindRecorder) Observe(ctx context.Context, e txlock.Event) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kinds = append(r.kinds, e.Kind)
+	return ctx
+}
+
+func (r *kindRecorder) last() txlock.EventKind {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.kinds) == 0 {
+		return 0
+	}
+	return r.kinds[len(r.kinds)-1]
 }
 
 func TestTryWithLock(t *testing.T) {
@@ -755,6 +792,66 @@ func TestSQLConnAsBeginner(t *testing.T) {
 	}
 }
 
+// manyKeys returns n distinct keys of a keyspace named for name.
+func manyKeys(name string, n int) []txlock.Key {
+	ks := txlock.NewKeyspace(name)
+	keys := make([]txlock.Key, n)
+	for i := range keys {
+		keys[i] = ks.Key(strconv.Itoa(i))
+	}
+	return keys
+}
+
+// MaxKeys distinct keys lock; duplicates do not count towards the bound,
+// since they take no slot of the server's lock table.
+func TestMaxKeys(t *testing.T) {
+	db := direct(t)
+	keys := manyKeys(uniq(t), txlock.MaxKeys)
+	keys = append(keys, keys[:10]...)
+	var held int
+	require.NoError(t, txlock.WithLocks(context.Background(), db, keys, func(ctx context.Context, tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&held)
+	}))
+	assert.Equal(t, txlock.MaxKeys, held)
+}
+
+// A lock statement that finds the server's shared lock table full fails with
+// ErrLockTableFull, the server's 53200 still reachable. The server here has
+// a small table (max_locks_per_transaction 10), and holders of MaxKeys keys
+// each fill it.
+func TestLockTableFull(t *testing.T) {
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{Settings: map[string]string{"max_locks_per_transaction": "10", "max_connections": "20"}})
+	db := open(t, c.URL())
+	ctx := context.Background()
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(release)
+	var err error
+	for i := 0; i < 15 && err == nil; i++ {
+		in := make(chan struct{})
+		done := make(chan error, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done <- txlock.WithLocks(ctx, db, manyKeys(fmt.Sprint(uniq(t), i), txlock.MaxKeys), func(context.Context, *sql.Tx) error {
+				close(in)
+				<-release
+				return nil
+			})
+		}()
+		select {
+		case <-in: // holding: the next holder adds to the table
+		case err = <-done:
+		}
+	}
+	require.Error(t, err, "15 holders of %d keys each did not fill a table sized for 10 locks per connection", txlock.MaxKeys)
+	assert.ErrorIs(t, err, txlock.ErrLockTableFull)
+	assert.Equal(t, "53200", txlock.SQLState(err))
+	assert.ErrorContains(t, err, "raise max_locks_per_transaction")
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+}
+
 func TestBadInput(t *testing.T) {
 	// A pool on a port nobody listens on: nothing may reach it.
 	db, err := sql.Open("pgx", "postgres://nobody@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
@@ -784,6 +881,11 @@ func TestBadInput(t *testing.T) {
 		{"min > max", txlock.WithLock(ctx, db, key, nop, txlock.WithRetry(txlock.ExponentialBackoff{Min: time.Second, Max: time.Millisecond})), txlock.ErrInvalidArgument, "Min 1s is greater than Max 1ms"},
 		{"negative retries", txlock.WithLock(ctx, db, key, nop, txlock.WithSerializationRetries(-1)), txlock.ErrInvalidArgument, "WithSerializationRetries"},
 		{"nil option", txlock.WithLock(ctx, db, key, nop, nil), txlock.ErrInvalidArgument, "nil Option"},
+		{"too many keys", txlock.WithLocks(ctx, db, manyKeys("bad input", txlock.MaxKeys+1), nop), txlock.ErrInvalidArgument, "1001 distinct keys in one call, more than MaxKeys (1000)"},
+		{"too many keys in a try", func() error {
+			_, err := txlock.TryWithLocks(ctx, db, manyKeys("bad input", txlock.MaxKeys+1), nop)
+			return err
+		}(), txlock.ErrInvalidArgument, "more than MaxKeys"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.ErrorIs(t, tc.err, tc.is)
@@ -1017,7 +1119,7 @@ func TestPollingEarlyHandoff(t *testing.T) {
 			t.Error("the second caller's fn ran")
 			return nil
 		}, txlock.WithTimeout(20*time.Second), rr)
-		assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+		assert.ErrorIs(t, err, context.Canceled)
 	}()
 	require.Eventually(t, func() bool { return txlock.QueueRefs() == 2 }, 10*time.Second, time.Millisecond)
 	var lease txlock.Lease

@@ -85,9 +85,9 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 	}
 	timeout := func() error {
 		lease.Waited = c.clock.now().Sub(start)
-		err := &LockTimeoutError{Keys: lease.Keys, Attempts: lease.Attempts, Waited: lease.Waited, Err: ctx.Err()}
+		kind, err := waitEnded(ctx, lease.Keys, lease.Attempts, lease.Waited)
 		if ev.on() {
-			ev.emit(Event{Kind: TimedOut, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited, Err: err})
+			ev.emit(Event{Kind: kind, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited, Err: err})
 		}
 		return err
 	}
@@ -169,6 +169,9 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 					}
 				}
 				return timeout()
+			}
+			if SQLState(err) == codeOutOfMemory {
+				err = fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(lease.Keys), err)
 			}
 			return failed(err)
 		}

@@ -289,10 +289,10 @@ func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
 	// Giving up while queued: the quitter leaves, without an attempt.
 	cancelQ()
 	r := recv(t, doneQ, "the quitter returns")
-	var te *LockTimeoutError
-	require.ErrorAs(t, r.err, &te)
+	var ce *CanceledError
+	require.ErrorAs(t, r.err, &ce)
 	assert.ErrorIs(t, r.err, context.Canceled)
-	assert.Zero(t, te.Attempts)
+	assert.Zero(t, ce.Attempts)
 	assert.Empty(t, q.attempts())
 	eventually(t, func() bool { return QueueRefs() == 3 }, "the quitter left")
 
@@ -304,8 +304,8 @@ func TestWaitQueueGiveUpPassesTurn(t *testing.T) {
 	require.NotNil(t, gotB.prevEnd)
 	cancelB()
 	r = recv(t, doneB, "b returns")
-	require.ErrorIs(t, r.err, ErrLockTimeout)
-	assert.ErrorIs(t, r.err, context.Canceled)
+	require.ErrorIs(t, r.err, context.Canceled)
+	assert.NotErrorIs(t, r.err, ErrLockTimeout)
 
 	// c gets the turn with the same end, and waits for it too.
 	gotC := recv(t, cc.attempting, "c is handed the turn")
@@ -344,10 +344,11 @@ func TestWaitCancelMidSleep(t *testing.T) {
 		t.Fatal("the wait did not end when its context was cancelled")
 	}
 	t.Logf("returned %v after the cancel", time.Since(began))
-	var te *LockTimeoutError
-	require.ErrorAs(t, r.err, &te)
+	var ce *CanceledError
+	require.ErrorAs(t, r.err, &ce)
 	assert.ErrorIs(t, r.err, context.Canceled)
-	assert.Equal(t, 1, te.Attempts)
+	assert.NotErrorIs(t, r.err, ErrLockTimeout)
+	assert.Equal(t, 1, ce.Attempts)
 	assert.False(t, r.acquired)
 }
 
@@ -569,14 +570,54 @@ func TestRunSerializationRetries(t *testing.T) {
 	assert.NotSame(t, states[0], states[1], "each round has its own fn context")
 }
 
+// Once fn has run and failed with a serialization failure, the call reports
+// that failure whatever stops the retry: a try whose retry finds the lock
+// busy is not "not acquired", and a wait that times out does not replace
+// fn's error with ErrLockTimeout.
+func TestRunRetryStoppedReportsFnError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		try  bool
+		opts []Option
+		want string
+	}{
+		{name: "try finds the lock busy", try: true, want: "the retry found the lock busy"},
+		{name: "wait times out", opts: []Option{WithRetry(ConstantBackoff{Interval: time.Second}), WithTimeout(3 * time.Second)}, want: "lock wait timed out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := &fakeServer{}
+			c := testConfig(t, newFakeClock(), append([]Option{WithSerializationRetries(1)}, tc.opts...)...)
+			if tc.try {
+				c.mode = tryOnce
+			}
+			rounds := 0
+			a := &retryLock{fakeLock: fakeLock{name: "a", srv: srv}, fail: func(*lockState) error {
+				rounds++
+				return sqlStateError("40001")
+			}}
+			a.afterRelease = func() { require.True(t, srv.take("outsider")) }
+			ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+			assert.True(t, ok, "fn ran under the lock")
+			assert.Equal(t, 1, rounds)
+			assert.Equal(t, "40001", SQLState(err), "fn's error is reachable: %v", err)
+			assert.NotErrorIs(t, err, ErrLockTimeout)
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
 type retryLock struct {
 	fakeLock
-	fail func(*lockState) error
+	fail         func(*lockState) error
+	afterRelease func() // if not nil, runs once the round's lock is released
 }
 
 func (r *retryLock) hold(st *lockState, handOn func()) error {
 	err := r.fail(st)
 	r.srv.release(r.name)
+	if r.afterRelease != nil {
+		r.afterRelease()
+	}
 	return err
 }
 

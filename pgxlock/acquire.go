@@ -359,11 +359,45 @@ func (s *session) DrawRow(ctx context.Context, query string, dest ...any) error 
 	if s.pool == nil {
 		return fmt.Errorf("%w: fencing tokens are drawn on a second connection, and the lock was given a single connection; give it the *pgxpool.Pool", txlock.ErrNoToken)
 	}
-	if s.pool.Config().MaxConns == 1 {
+	stat := s.pool.Stat()
+	switch {
+	case stat.MaxConns() == 1:
 		return fmt.Errorf("%w: the pool allows one connection (MaxConns 1), which the lock holds; a token needs a second", txlock.ErrNoToken)
+	case stat.AcquiredConns() >= stat.MaxConns():
+		// Waiting for one could wait for ever, if every holder does.
+		return fmt.Errorf("%w: the pool's %d connections are all in use, the lock's among them, and a token is drawn on another; give the call txlock.WithFencing(), which sets a connection aside for draws before the lock is taken, or make the pool larger than the number of holders", txlock.ErrNoToken, stat.MaxConns())
 	}
 	return s.pool.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }
+
+// DrawPool implements seam.DrawPool: WithFencing sets a connection of the
+// pool aside for draws.
+func (a *acquirer) DrawPool() (any, func(context.Context) (seam.DrawConn, error), error) {
+	if a.pool == nil {
+		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and db is a single connection, not a *pgxpool.Pool", txlock.ErrInvalidArgument)
+	}
+	if a.pool.Config().MaxConns == 1 {
+		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and the pool allows one (MaxConns 1), which the lock needs", txlock.ErrInvalidArgument)
+	}
+	pool := a.pool
+	return pool, func(ctx context.Context) (seam.DrawConn, error) {
+		pc, err := pool.Acquire(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return drawConn{pc}, nil
+	}, nil
+}
+
+// drawConn is a pool connection set aside for draws (txlock.WithFencing).
+type drawConn struct{ pc *pgxpool.Conn }
+
+// DrawRow runs the draw with the simple protocol, as session.DrawRow does.
+func (d drawConn) DrawRow(ctx context.Context, query string, dest ...any) error {
+	return d.pc.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
+}
+
+func (d drawConn) Close() { d.pc.Release() }
 
 // LockRow runs query in the lock's transaction, unless fn has returned. A
 // pgx connection serves one statement at a time: fn must not run its own

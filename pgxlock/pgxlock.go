@@ -62,37 +62,44 @@ import (
 )
 
 // DB is where a lock is taken: a *pgxpool.Pool, a *pgxpool.Conn or a
-// *pgx.Conn. A connection (*pgxpool.Conn, *pgx.Conn) is one session, with
-// room for one transaction: it must not be shared by calls that run at the
-// same time, and fencing tokens, which are drawn on a second connection,
-// need the pool.
+// *pgx.Conn, and no other type. The set is closed at compile time, because
+// pgxlock drives the connection itself (the lock rides in BEGIN's query,
+// with a deadline on the socket, and a busy attempt hands the connection
+// back idle): a type that merely has a BeginTx method could not be driven
+// so. A wrapper of a pool (for tracing, say) passes the pool it wraps; pgx's
+// own QueryTracer is the way to trace pgxlock's statements.
+//
+// A connection (*pgxpool.Conn, *pgx.Conn) is one session, with room for
+// one transaction: it must not be shared by calls that run at the same
+// time, and fencing tokens, which are drawn on a second connection, need
+// the pool.
 type DB interface {
-	BeginTx(ctx context.Context, txOptions pgx.TxOptions) (pgx.Tx, error)
+	*pgxpool.Pool | *pgxpool.Conn | *pgx.Conn
 }
 
 // WithLock takes the exclusive transaction-scoped advisory lock key, then
 // runs fn in the same transaction, and commits: txlock.WithLock, with a
 // pgx.Tx.
-func WithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
+func WithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
 	_, err := run(ctx, db, key, nil, false, false, fn, opts)
 	return err
 }
 
 // WithLocks is WithLock for several keys, taken all or nothing:
 // txlock.WithLocks.
-func WithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
+func WithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
 	_, err := run(ctx, db, txlock.Key{}, keys, true, false, fn, opts)
 	return err
 }
 
 // TryWithLock makes one attempt at key; if the lock is busy it returns
 // (false, nil) without running fn: txlock.TryWithLock.
-func TryWithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+func TryWithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
 	return run(ctx, db, key, nil, false, true, fn, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
-func TryWithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+func TryWithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
 	return run(ctx, db, txlock.Key{}, keys, true, true, fn, opts)
 }
 
@@ -135,10 +142,10 @@ type call struct {
 	key txlock.Key
 }
 
-func run(ctx context.Context, db DB, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
+func run[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
 	cl := &call{}
 	a := &cl.a
-	switch db := db.(type) {
+	switch db := any(db).(type) {
 	case *pgxpool.Pool:
 		if db != nil {
 			a.pool = db
@@ -152,9 +159,6 @@ func run(ctx context.Context, db DB, key txlock.Key, keys []txlock.Key, multi, t
 		if db != nil {
 			a.conn = db
 		}
-	case nil:
-	default:
-		return false, fmt.Errorf("%w: db is a %T; give a *pgxpool.Pool, a *pgxpool.Conn or a *pgx.Conn", txlock.ErrInvalidArgument, db)
 	}
 	if a.pool == nil && a.conn == nil {
 		return false, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -264,9 +265,12 @@ func TestCancelWhileWaiting(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
-	err := pgxlock.WithLock(ctx, pool, key, func(context.Context, pgx.Tx) error { return nil }, txlock.WithTimeout(time.Minute))
-	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	var kind txlock.EventKind
+	last := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context { kind = e.Kind; return ctx })
+	err := pgxlock.WithLock(ctx, pool, key, func(context.Context, pgx.Tx) error { return nil }, txlock.WithTimeout(time.Minute), txlock.WithObserver(last))
 	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout, "a cancellation is not a timeout")
+	assert.Equal(t, txlock.Canceled, kind)
 	assert.Less(t, time.Since(start), 2*time.Second)
 }
 
@@ -595,15 +599,18 @@ func TestFenceToken(t *testing.T) {
 	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
 	require.NoError(t, err)
 	defer conn.Close(context.Background())
-	for name, db := range map[string]pgxlock.DB{"pool of one": one, "conn": conn} {
-		t.Run(name, func(t *testing.T) {
-			require.NoError(t, pgxlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx pgx.Tx) error {
-				_, err := txlock.FenceToken(ctx)
-				assert.ErrorIs(t, err, txlock.ErrNoToken)
-				return nil
-			}))
-		})
-	}
+	t.Run("pool of one", func(t *testing.T) { noToken(t, one) })
+	t.Run("conn", func(t *testing.T) { noToken(t, conn) })
+}
+
+// noToken checks that a fn on db, which has no second connection, gets
+// ErrNoToken from FenceToken.
+func noToken[D pgxlock.DB](t *testing.T, db D) {
+	require.NoError(t, pgxlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx pgx.Tx) error {
+		_, err := txlock.FenceToken(ctx)
+		assert.ErrorIs(t, err, txlock.ErrNoToken)
+		return nil
+	}))
 }
 
 // A *pgx.Conn and a *pgxpool.Conn take the lock on themselves.
@@ -615,23 +622,26 @@ func TestSingleConnections(t *testing.T) {
 	pc, err := pool.Acquire(context.Background())
 	require.NoError(t, err)
 	defer pc.Release()
-	for name, db := range map[string]pgxlock.DB{"pgx.Conn": conn, "pgxpool.Conn": pc} {
-		t.Run(name, func(t *testing.T) {
-			key := txlock.StringKey(uniq(t))
-			require.NoError(t, pgxlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) error {
-				ok, err := txlock.TryWithLock(context.Background(), admin, key, func(context.Context, *sql.Tx) error { return nil })
-				require.NoError(t, err)
-				assert.False(t, ok)
-				return nil
-			}))
-			release := locktest.Hold(t, admin, key, false)
-			ok, err := pgxlock.TryWithLock(context.Background(), db, key, func(context.Context, pgx.Tx) error { return nil })
-			require.NoError(t, err)
-			assert.False(t, ok)
-			release()
-		})
-	}
+	t.Run("pgx.Conn", func(t *testing.T) { locksOnItself(t, conn, admin) })
+	t.Run("pgxpool.Conn", func(t *testing.T) { locksOnItself(t, pc, admin) })
 	assert.Equal(t, byte('I'), conn.PgConn().TxStatus())
+}
+
+// locksOnItself checks that a call on the connection db holds the lock
+// against admin's sessions, and that a try on it sees admin's lock.
+func locksOnItself[D pgxlock.DB](t *testing.T, db D, admin *sql.DB) {
+	key := txlock.StringKey(uniq(t))
+	require.NoError(t, pgxlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx pgx.Tx) error {
+		ok, err := txlock.TryWithLock(context.Background(), admin, key, func(context.Context, *sql.Tx) error { return nil })
+		require.NoError(t, err)
+		assert.False(t, ok)
+		return nil
+	}))
+	release := locktest.Hold(t, admin, key, false)
+	ok, err := pgxlock.TryWithLock(context.Background(), db, key, func(context.Context, pgx.Tx) error { return nil })
+	require.NoError(t, err)
+	assert.False(t, ok)
+	release()
 }
 
 // Callers of one process queue locally on a pool: the lock passes between
@@ -664,6 +674,7 @@ func TestLocalQueue(t *testing.T) {
 func TestObserver(t *testing.T) {
 	pool, admin := direct(t)
 	key := txlock.StringKey(uniq(t))
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
 	var kinds []txlock.EventKind
 	var mu sync.Mutex
 	obs := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
@@ -701,7 +712,6 @@ func TestBadInput(t *testing.T) {
 	fn := func(context.Context, pgx.Tx) error { return nil }
 	var nilPool *pgxpool.Pool
 	for name, err := range map[string]error{
-		"nil db":       pgxlock.WithLock(context.Background(), nil, txlock.Int64Key(1), fn),
 		"nil pool":     pgxlock.WithLock(context.Background(), nilPool, txlock.Int64Key(1), fn),
 		"nil fn":       pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), nil),
 		"zero key":     pgxlock.WithLock(context.Background(), pool, txlock.Key{}, fn),
@@ -715,14 +725,24 @@ func TestBadInput(t *testing.T) {
 			assert.True(t, errors.Is(err, txlock.ErrInvalidArgument) || errors.Is(err, txlock.ErrInvalidKey), "%v", err)
 		})
 	}
-	_, err := pgxlock.TryWithLock(context.Background(), otherDB{}, txlock.Int64Key(1), fn)
-	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
-	assert.Contains(t, err.Error(), "pgxlock_test.otherDB")
 }
 
-type otherDB struct{}
-
-func (otherDB) BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error) { return nil, nil }
+// DB's set of types is closed at compile time: a wrapper of a pool that has
+// a BeginTx method of its own, which pgxlock could not drive, does not
+// compile as a DB, where it used to compile and then fail at run time. The
+// wrapper in testdata passes the pool it wraps instead, which compiles.
+func TestDBIsClosed(t *testing.T) {
+	build := func(tags string) (string, error) {
+		cmd := exec.Command("go", "build", "-tags", tags, "-o", os.DevNull, "./testdata/wrapper")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := build("wrapper_as_db")
+	require.Error(t, err, "a wrapper type compiled as a pgxlock.DB")
+	assert.Contains(t, out, "does not satisfy pgxlock.DB", out)
+	out, err = build("")
+	require.NoError(t, err, "the wrapper's own pool did not compile as a pgxlock.DB: %s", out)
+}
 
 // Waiters pin no server connection through PgBouncer: 20 waiters in 4
 // pools (4 processes, in effect) behind a held lock, on 5 server
@@ -911,4 +931,87 @@ func TestConnInTransactionRefused(t *testing.T) {
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	assert.Contains(t, err.Error(), "LockTx")
 	assert.False(t, ran)
+}
+
+// N holders on a pool of N connections that all draw tokens all succeed
+// with WithFencing, directly and through PgBouncer; without it, holders that
+// fill the pool and then draw fail at once with ErrNoToken, which names
+// WithFencing, instead of waiting for a connection none of them gives back.
+func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
+	const n, iters = 4, 50
+	for _, route := range []string{"direct", "pgbouncer"} {
+		t.Run(route, func(t *testing.T) {
+			url := pgtest.Postgres(t)
+			if route == "pgbouncer" {
+				url, _ = pgtest.PgBouncer(t)
+			}
+			_, admin := direct(t)
+			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+			pool := newPool(t, url, "", n)
+			ctx := context.Background()
+
+			t.Run("WithFencing", func(t *testing.T) {
+				errs := make(chan error, n*iters)
+				var wg sync.WaitGroup
+				for w := range n {
+					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
+					wg.Go(func() {
+						for range iters {
+							cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+							errs <- pgxlock.WithLock(cctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
+								_, err := txlock.FenceToken(ctx)
+								return err
+							}, txlock.WithFencing())
+							cancel()
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+			})
+
+			t.Run("without", func(t *testing.T) {
+				// Every holder takes its lock, waits until all n hold
+				// theirs (the pool is then full), draws, and keeps its
+				// lock until all have drawn.
+				var in, drew sync.WaitGroup
+				in.Add(n)
+				drew.Add(n)
+				errs := make(chan error, n)
+				var wg sync.WaitGroup
+				for w := range n {
+					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
+					wg.Go(func() {
+						cctx, cancel := context.WithTimeout(ctx, time.Minute)
+						defer cancel()
+						start := time.Now()
+						errs <- pgxlock.WithLock(cctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
+							in.Done()
+							in.Wait()
+							_, err := txlock.FenceToken(ctx)
+							drew.Done()
+							drew.Wait()
+							return err
+						})
+						assert.Less(t, time.Since(start), 10*time.Second, "a draw waited for a connection")
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.ErrorIs(t, err, txlock.ErrNoToken)
+					assert.ErrorContains(t, err, "txlock.WithFencing()")
+				}
+			})
+		})
+	}
+	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	err = pgxlock.WithLock(context.Background(), conn, txlock.StringKey(uniq(t)), func(context.Context, pgx.Tx) error { return nil }, txlock.WithFencing())
+	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "single connection")
 }

@@ -7,7 +7,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/rs/zerolog v1.28.0
 	github.com/stretchr/testify v1.12.1
-	github.com/txlock/txlock v0.0.0-00010101000000-000000000000
+	github.com/txlock/txlock v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 
@@ -34,5 +34,3 @@ require (
 	google.golang.org/protobuf v1.35.1 // indirect
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
-
-replace github.com/txlock/txlock => ../

@@ -23,8 +23,8 @@
 // Attributes: txlock.keys (string slice: each key's String form),
 // txlock.keyspace, txlock.mode ("exclusive" or "shared"), txlock.attempts
 // (int: lock statements run) on the wait span, and txlock.outcome: on the
-// wait span "acquired", "timed_out", "standby_refused", "skipped" (a busy
-// try) or "failed" (an error that is not about the lock), on the hold span
+// wait span "acquired", "timed_out", "canceled" (the caller's context was
+// cancelled), "standby_refused", "skipped" (a busy try) or "failed" (an error that is not about the lock), on the hold span
 // "committed" or "rolled_back". Span events: "txlock.token_issued"
 // (txlock.fence.token, txlock.fence.sequence), "txlock.hold_timeout" and,
 // for a term that lost its lock, "txlock.term_lost" (txlock.fence.token) on
@@ -39,7 +39,7 @@
 //
 // # Metrics
 //
-//	txlock.wait.duration           histogram, s: wait to outcome acquired, timed_out, standby_refused, skipped or failed
+//	txlock.wait.duration           histogram, s: wait to outcome acquired, timed_out, canceled, standby_refused, skipped or failed
 //	txlock.hold.duration           histogram, s: grant to end of transaction, outcome committed or rolled_back
 //	txlock.acquisitions            counter, {acquisition}
 //	txlock.timeouts                counter, {timeout}
@@ -108,6 +108,7 @@ var (
 	refused      = keyOutcome.String("standby_refused")
 	skipped      = keyOutcome.String("skipped")
 	failed       = keyOutcome.String("failed")
+	canceled     = keyOutcome.String("canceled")
 	committed    = keyOutcome.String("committed")
 	rolledBack   = keyOutcome.String("rolled_back")
 	internalKind = trace.WithSpanKind(trace.SpanKindInternal)
@@ -172,6 +173,7 @@ type attrSets struct {
 	acquired, timedOut    metric.MeasurementOption // and txlock.outcome
 	refused               metric.MeasurementOption
 	skipped, failed       metric.MeasurementOption
+	canceled              metric.MeasurementOption
 	committed, rolledBack metric.MeasurementOption
 }
 
@@ -200,6 +202,7 @@ func (o *Observer) sets(keys []txlock.Key, isShared bool) *attrSets {
 	s.ksMode = with()
 	s.acquired, s.timedOut, s.refused = with(acquired), with(timedOut), with(refused)
 	s.skipped, s.failed = with(skipped), with(failed)
+	s.canceled = with(canceled)
 	s.committed, s.rolledBack = with(committed), with(rolledBack)
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -247,10 +250,10 @@ func New(opts ...Option) (*Observer, error) {
 		errs = append(errs, err)
 		return ctr
 	}
-	o.wait = histogram("txlock.wait.duration", "Time from the start of a lock wait to its outcome: acquired, timed_out, standby_refused, skipped or failed.")
+	o.wait = histogram("txlock.wait.duration", "Time from the start of a lock wait to its outcome: acquired, timed_out, canceled, standby_refused, skipped or failed.")
 	o.hold = histogram("txlock.hold.duration", "Time from a lock's grant to the end of its transaction, by outcome: committed or rolled_back.")
 	o.acquisitions = counter("txlock.acquisitions", "{acquisition}", "Locks granted.")
-	o.timeouts = counter("txlock.timeouts", "{timeout}", "Lock waits that timed out, or whose context ended, without the lock.")
+	o.timeouts = counter("txlock.timeouts", "{timeout}", "Lock waits that timed out without the lock (a wait its context cancelled has outcome canceled instead).")
 	o.failOpens = counter("txlock.fail_opens", "{fail_open}", "Calls that ran fn without the lock after a timeout (WithFailOpen).")
 	o.staleWrites = counter("txlock.stale_writes", "{write}", "Fenced writes refused because the row holds a larger fencing token.")
 	o.standbyRefusals = counter("txlock.standby_refusals", "{refusal}", "Calls refused because the server is a hot standby.")
@@ -310,7 +313,7 @@ func (o *Observer) Observe(ctx context.Context, e txlock.Event) context.Context 
 		}
 		return o.start(ctx, "txlock.hold", true, e, a)
 
-	case txlock.TimedOut, txlock.StandbyRefused, txlock.Skipped, txlock.Failed:
+	case txlock.TimedOut, txlock.Canceled, txlock.StandbyRefused, txlock.Skipped, txlock.Failed:
 		outcome, opt, desc := timedOut, a.timedOut, "lock wait timed out"
 		if e.Err != nil {
 			desc = e.Err.Error()
@@ -323,6 +326,9 @@ func (o *Observer) Observe(ctx context.Context, e txlock.Event) context.Context 
 			outcome, opt, desc = skipped, a.skipped, ""
 		case txlock.Failed:
 			outcome, opt = failed, a.failed
+		case txlock.Canceled:
+			// The caller gave up: not an error of the lock, and not a timeout.
+			outcome, opt, desc = canceled, a.canceled, ""
 		default:
 			o.timeouts.Add(ctx, 1, a.ksMode)
 		}

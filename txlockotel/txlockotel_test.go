@@ -337,6 +337,25 @@ func TestTimeoutAndFailOpen(t *testing.T) {
 	assert.False(t, e.metric(t, "txlock.acquisitions", none, exclusive).found)
 }
 
+// TestCanceled checks that a wait its caller's context cancelled ends its
+// span with outcome canceled, and counts no timeout.
+func TestCanceled(t *testing.T) {
+	e := setup(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, e.db, key)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	err := e.locker.WithLock(ctx, key, func(context.Context, *sql.Tx) error { return nil }, txlock.WithTimeout(time.Minute))
+	require.ErrorIs(t, err, context.Canceled)
+	e.requireAllEnded(t)
+	waits := e.ended("txlock.wait")
+	require.Len(t, waits, 1)
+	assert.Equal(t, "canceled", attrString(t, waits[0], "txlock.outcome"))
+	assert.NotEqual(t, codes.Error, waits[0].Status().Code, "the caller gave up: not an error of the lock")
+	assert.Equal(t, uint64(1), e.metric(t, "txlock.wait.duration", none, exclusive, outcome("canceled")).count)
+	assert.False(t, e.metric(t, "txlock.timeouts", none, exclusive).found, "a cancellation was counted as a timeout")
+}
+
 // TestHoldErrors checks the hold span of an fn that fails, and of one that
 // outlives WithMaxHold.
 func TestHoldErrors(t *testing.T) {

@@ -7,7 +7,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/stretchr/testify v1.12.1
-	github.com/txlock/txlock v0.0.0-00010101000000-000000000000
+	github.com/txlock/txlock v0.1.0
 )
 
 require (
@@ -25,5 +25,3 @@ require (
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
-
-replace github.com/txlock/txlock => ../

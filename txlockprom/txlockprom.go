@@ -11,11 +11,11 @@
 // The metrics, all with the label keyspace and most with mode:
 //
 //	txlock_wait_seconds{keyspace,mode,outcome}     histogram: the wait, from its start to
-//	                                               outcome acquired, timed_out, standby_refused, skipped or failed
+//	                                               outcome acquired, timed_out, canceled, standby_refused, skipped or failed
 //	txlock_hold_seconds{keyspace,mode,outcome}     histogram: the hold, from the grant to the end of the
 //	                                               lock's transaction, outcome committed or rolled_back
 //	txlock_acquisitions_total{keyspace,mode}       locks granted
-//	txlock_timeouts_total{keyspace,mode}           waits that ended without the lock
+//	txlock_timeouts_total{keyspace,mode}           waits that timed out (not those the caller's context cancelled)
 //	txlock_fail_opens_total{keyspace,mode}         fn run without the lock (txlock.WithFailOpen)
 //	txlock_stale_writes_total{keyspace}            fenced writes refused for a stale token
 //	txlock_standby_refusals_total{keyspace,mode}   calls refused on a hot standby
@@ -32,8 +32,9 @@
 // fixed names, not from request data. mode is "exclusive" or "shared".
 //
 // What the counts cover: every wait is one txlock_wait_seconds sample, with
-// outcome acquired, timed_out, standby_refused, skipped (a try that found
-// the lock busy) or failed (an error that is not about the lock). LockTx and
+// outcome acquired, timed_out, canceled (the caller's context was cancelled:
+// a shutdown, an abandoned request; not counted in txlock_timeouts_total),
+// standby_refused, skipped (a try that found the lock busy) or failed (an error that is not about the lock). LockTx and
 // TryLockTx report no release (the caller's transaction ends the lock), so
 // their acquisitions have no txlock_hold_seconds sample; with WithLock and
 // WithLocks alone, txlock_hold_seconds_count equals
@@ -157,7 +158,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 	o := &Observer{
 		wait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "txlock_wait_seconds",
-			Help:    "Time from the start of a lock wait to its outcome: acquired, timed_out, standby_refused, skipped or failed.",
+			Help:    "Time from the start of a lock wait to its outcome: acquired, timed_out, canceled, standby_refused, skipped or failed.",
 			Buckets: c.waitBuckets,
 		}, []string{"keyspace", "mode", "outcome"}),
 		hold: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -166,7 +167,7 @@ func New(reg prometheus.Registerer, opts ...Option) (*Observer, error) {
 			Buckets: c.holdBuckets,
 		}, []string{"keyspace", "mode", "outcome"}),
 		acquisitions:       counter("txlock_acquisitions_total", "Locks granted.", ksMode),
-		timeouts:           counter("txlock_timeouts_total", "Lock waits that timed out, or whose context ended, without the lock.", ksMode),
+		timeouts:           counter("txlock_timeouts_total", "Lock waits that timed out without the lock (a wait its context cancelled is outcome canceled of txlock_wait_seconds instead).", ksMode),
 		failOpens:          counter("txlock_fail_opens_total", "Calls that ran fn without the lock after a timeout (WithFailOpen).", ksMode),
 		staleWrites:        counter("txlock_stale_writes_total", "Fenced writes refused because the row holds a larger fencing token.", ks),
 		standbyRefusals:    counter("txlock_standby_refusals_total", "Calls refused because the server is a hot standby.", ksMode),
@@ -206,6 +207,8 @@ func (o *Observer) Observe(ctx context.Context, e txlock.Event) context.Context 
 	case txlock.TimedOut:
 		o.timeouts.WithLabelValues(ks, mode).Inc()
 		o.wait.WithLabelValues(ks, mode, "timed_out").Observe(e.Waited.Seconds())
+	case txlock.Canceled:
+		o.wait.WithLabelValues(ks, mode, "canceled").Observe(e.Waited.Seconds())
 	case txlock.StandbyRefused:
 		o.standbyRefusals.WithLabelValues(ks, mode).Inc()
 		o.wait.WithLabelValues(ks, mode, "standby_refused").Observe(e.Waited.Seconds())

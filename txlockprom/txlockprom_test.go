@@ -147,6 +147,23 @@ func TestTimeoutAndFailOpen(t *testing.T) {
 	assert.False(t, get(t, reg, "txlock_hold_seconds", append(none, "outcome", "committed")...).found, "a fail-open run was counted as a hold")
 }
 
+// TestCanceled checks that a wait its caller's context cancelled counts as
+// outcome canceled, and not as a timeout: a deploy's shutdown must not look
+// like lock contention.
+func TestCanceled(t *testing.T) {
+	reg, locker, db := setup(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, key)
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	err := locker.WithLock(ctx, key, func(context.Context, *sql.Tx) error { return nil }, txlock.WithTimeout(time.Minute))
+	require.ErrorIs(t, err, context.Canceled)
+	none := []string{"keyspace", txlockprom.NoKeyspace, "mode", "exclusive"}
+	assert.Equal(t, 1.0, get(t, reg, "txlock_wait_seconds", append(none, "outcome", "canceled")...).count)
+	assert.False(t, get(t, reg, "txlock_timeouts_total", none...).found, "a cancellation was counted as a timeout")
+	assert.False(t, get(t, reg, "txlock_wait_seconds", append(none, "outcome", "timed_out")...).found)
+}
+
 // TestTryBusy checks that a try turned away by a holder counts one busy
 // attempt, a wait with outcome skipped, and no acquisition or timeout.
 func TestTryBusy(t *testing.T) {

@@ -7,8 +7,8 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
-	github.com/txlock/txlock v0.0.0-00010101000000-000000000000
-	github.com/txlock/txlock/txlockprom v0.0.0-00010101000000-000000000000
+	github.com/txlock/txlock v0.1.0
+	github.com/txlock/txlock/txlockprom v0.1.0
 )
 
 require (
@@ -23,9 +23,4 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/txlock/txlock => ../..
-	github.com/txlock/txlock/txlockprom => ../../txlockprom
 )

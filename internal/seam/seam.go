@@ -62,6 +62,21 @@ type Acquirer interface {
 	IdleConn() bool
 }
 
+// A DrawPool is an Acquirer whose db is a pool in which a call can set a
+// connection aside for fencing-token draws (txlock.WithFencing).
+type DrawPool interface {
+	// DrawPool returns the pool's queue handle and how to open a draw
+	// connection of it, or an error matching txlock.ErrInvalidArgument.
+	DrawPool() (handle any, open func(context.Context) (DrawConn, error), err error)
+}
+
+// A DrawConn is a connection set aside for draws.
+type DrawConn interface {
+	// DrawRow runs query, a draw, and scans its row into dest.
+	DrawRow(ctx context.Context, query string, dest ...any) error
+	Close()
+}
+
 // State is fn's context for one round of a call.
 type State interface {
 	context.Context

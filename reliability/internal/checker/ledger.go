@@ -36,7 +36,7 @@ import (
 // Locked, or Unlocked for the control runs that show the checks can fail.
 type Locker struct {
 	sql func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error
-	pgx func(ctx context.Context, db pgxlock.DB, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error
+	pgx func(ctx context.Context, db *pgxpool.Pool, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error
 }
 
 // Locked returns the Locker that takes one key with WithLock and several
@@ -49,7 +49,7 @@ func Locked(opts ...txlock.Option) Locker {
 			}
 			return txlock.WithLocks(ctx, db, keys, fn, opts...)
 		},
-		pgx: func(ctx context.Context, db pgxlock.DB, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
+		pgx: func(ctx context.Context, db *pgxpool.Pool, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
 			if len(keys) == 1 {
 				return pgxlock.WithLock(ctx, db, keys[0], fn, opts...)
 			}
@@ -73,7 +73,7 @@ func Unlocked() Locker {
 			}
 			return tx.Commit()
 		},
-		pgx: func(ctx context.Context, db pgxlock.DB, _ []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
+		pgx: func(ctx context.Context, db *pgxpool.Pool, _ []txlock.Key, fn func(context.Context, pgx.Tx) error) error {
 			tx, err := db.BeginTx(ctx, pgx.TxOptions{})
 			if err != nil {
 				return err

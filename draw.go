@@ -1,0 +1,258 @@
+package txlock
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"sync"
+)
+
+// This file is where fencing tokens are drawn: on a connection of the lock's
+// pool other than the lock's own, in a transaction that commits durably (see
+// Fencer.Token). Two things make that hard, and both are settled here:
+//
+//   - A holder that waits for a pool connection to draw on, while every
+//     connection of the pool is held by holders that do the same, waits
+//     forever. WithFencing sets one connection of the pool aside for draws
+//     before the lock is taken, when waiting for it holds nothing: the
+//     draw connection, shared by every call of the process on that pool. A
+//     draw without it, on a pool whose connections are all in use, fails
+//     at once (ErrNoToken) rather than waiting.
+//   - A draw is a query that returns a row, which database/sql drivers may
+//     send in several messages (pgx's stdlib: by its exec mode), and which a
+//     transaction-mode pooler such as PgBouncer 1.18 may then pass to
+//     different server connections. So database/sql draws run in a
+//     transaction of their own (see queryRow); pgxlock's draws are sent
+//     with the simple protocol, in one message.
+
+// A drawConn is a connection set aside for draws.
+type drawConn interface {
+	// drawRow runs query, a draw, and scans its one row into dest.
+	drawRow(ctx context.Context, query string, dest ...any) error
+	close()
+}
+
+// A drawer is a pool's draw connection, shared by the calls of this process
+// that set it aside (WithFencing). Its zero value has no connection.
+type drawer struct {
+	handle any // the pool, as queueHandle names it
+	refs   int // calls that hold the reservation; guarded by drawers
+
+	mu   sync.Mutex // one draw, or one opening, at a time
+	conn drawConn   // nil until opened, and after a draw on it failed
+}
+
+// drawers are the pools' drawers, while some call holds a reservation.
+var drawers = struct {
+	sync.Mutex
+	m map[any]*drawer
+}{m: map[any]*drawer{}}
+
+// reserveDraw sets aside a connection of the pool handle for draws, opening
+// it with open unless one is set aside already, and returns the drawer;
+// release it once the call has ended. open waits for a connection of the
+// pool as long as ctx allows: call it before the call takes its lock.
+func reserveDraw(ctx context.Context, handle any, open func(context.Context) (drawConn, error)) (*drawer, error) {
+	drawers.Lock()
+	d := drawers.m[handle]
+	if d == nil {
+		d = &drawer{handle: handle}
+		drawers.m[handle] = d
+	}
+	d.refs++
+	drawers.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn == nil {
+		c, err := open(ctx)
+		if err != nil {
+			d.releaseLocked()
+			return nil, fmt.Errorf("txlock: setting a connection aside for fencing tokens (WithFencing): %w", err)
+		}
+		d.conn = c
+	}
+	return d, nil
+}
+
+// release ends one call's reservation; the last one gives the connection
+// back to its pool.
+func (d *drawer) release() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.releaseLocked()
+}
+
+func (d *drawer) releaseLocked() {
+	drawers.Lock()
+	d.refs--
+	last := d.refs == 0
+	if last {
+		delete(drawers.m, d.handle)
+	}
+	drawers.Unlock()
+	if last && d.conn != nil {
+		d.conn.close()
+		d.conn = nil
+	}
+}
+
+// draw runs a draw on the drawer's connection. It reports false when there
+// is none (a draw on it failed, and it was closed): the caller then draws as
+// a call without WithFencing does.
+func (d *drawer) draw(ctx context.Context, query string, dest ...any) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.conn == nil {
+		return false, nil
+	}
+	err := d.conn.drawRow(ctx, query, dest...)
+	if err != nil && SQLState(err) == "" {
+		// Not the server's answer: the connection may be broken. The
+		// next call that reserves opens another.
+		d.conn.close()
+		d.conn = nil
+	}
+	return true, err
+}
+
+// sqlDrawConn is database/sql's draw connection, of the pool db.
+type sqlDrawConn struct {
+	c  *sql.Conn
+	db *sql.DB
+}
+
+func openSQLDraw(db *sql.DB) func(context.Context) (drawConn, error) {
+	return func(ctx context.Context) (drawConn, error) {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return sqlDrawConn{c: c, db: db}, nil
+	}
+}
+
+func (s sqlDrawConn) drawRow(ctx context.Context, query string, dest ...any) error {
+	return queryRow(ctx, any(s.db), s.c, query, dest...)
+}
+
+func (s sqlDrawConn) close() { _ = s.c.Close() }
+
+// rowQuerier is where a database/sql draw runs: *sql.DB, *sql.Conn.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// preparedOnly records the pools whose draws need the prepared form (see the
+// top of this file), by queue handle.
+var preparedOnly sync.Map
+
+// queryRow runs query, which takes no arguments, on q and scans its row, in
+// a transaction of its own: then every message of the query reaches one
+// server connection through a transaction-mode pooler, which is what pgx's
+// exec modes other than cache_statement need there. cache_statement's named
+// statements can still collide with another client's on that connection:
+// then (42P05, 26000: before the statement ran) the query is made again as a
+// statement prepared, run and closed in the transaction, and pool, the queue
+// handle of q's pool (or nil), is remembered as needing that form.
+func queryRow(ctx context.Context, pool any, q rowQuerier, query string, dest ...any) error {
+	if pool != nil {
+		if _, ok := preparedOnly.Load(pool); ok {
+			return queryRowTx(ctx, q, query, true, dest...)
+		}
+	}
+	err := queryRowTx(ctx, q, query, false, dest...)
+	if !preparedStatementLost(err) {
+		return err
+	}
+	if pool != nil {
+		preparedOnly.Store(pool, true)
+	}
+	return queryRowTx(ctx, q, query, true, dest...)
+}
+
+// preparedStatementLost reports the errors of a query whose prepared
+// statement a transaction-mode pooler lost or mixed up, before the server
+// ran it: 42P05 (duplicate_prepared_statement) and 26000
+// (invalid_sql_statement_name).
+func preparedStatementLost(err error) bool {
+	switch SQLState(err) {
+	case "42P05", "26000":
+		return true
+	}
+	return false
+}
+
+// queryRowTx runs query in a transaction of its own on q, and commits. With
+// prepared, it runs it as a statement prepared, run and closed in that
+// transaction; its text then ends with a comment of random bytes, so that
+// its name (which pgx derives from the text) is not one that another client
+// left on the server connection.
+func queryRowTx(ctx context.Context, q rowQuerier, query string, prepared bool, dest ...any) error {
+	tx, err := q.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if !prepared {
+		err = tx.QueryRowContext(ctx, query).Scan(dest...)
+	} else {
+		var nonce [8]byte
+		_, _ = rand.Read(nonce[:])
+		stmt, perr := tx.PrepareContext(ctx, query+" /* txlock "+hex.EncodeToString(nonce[:])+" */")
+		if perr != nil {
+			return perr
+		}
+		err = stmt.QueryRowContext(ctx).Scan(dest...)
+		if cerr := stmt.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
+}
+
+// errPoolFull explains a draw refused because the pool has no connection
+// to spare: inUse of max are taken, the lock's among them.
+func errPoolFull(inUse, max int) error {
+	return fmt.Errorf("%w: the pool's %d connections are all in use (%d of them), the lock's among them, and a token is drawn on another; give the call txlock.WithFencing(), which sets a connection aside for draws before the lock is taken, or make the pool larger than the number of holders", ErrNoToken, max, inUse)
+}
+
+// A drawPooler is an acquirer whose db is a pool that a WithFencing call
+// can set a draw connection aside in: it returns the pool's queue handle and
+// how to open the connection, or an error matching ErrInvalidArgument.
+type drawPooler interface {
+	drawPool() (handle any, open func(context.Context) (drawConn, error), err error)
+}
+
+// reserveFor sets a draw connection aside for a WithFencing call with
+// acquirer a, waiting for it as long as the call's lock wait may last.
+func reserveFor(ctx context.Context, c *config, a any) (*drawer, error) {
+	p, ok := a.(drawPooler)
+	if !ok {
+		return nil, fmt.Errorf("%w: WithFencing is not supported by this call", ErrInvalidArgument)
+	}
+	h, open, err := p.drawPool()
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return reserveDraw(rctx, h, open)
+}
+
+// drawPool implements drawPooler for database/sql.
+func (a *ownTx) drawPool() (any, func(context.Context) (drawConn, error), error) {
+	db, ok := queueHandle(a.db).(*sql.DB)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and db is a %T, not a pool (*sql.DB, *sqlx.DB)", ErrInvalidArgument, a.db)
+	}
+	if db.Stats().MaxOpenConnections == 1 {
+		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and the pool allows one (SetMaxOpenConns(1)), which the lock needs", ErrInvalidArgument)
+	}
+	return db, openSQLDraw(db), nil
+}

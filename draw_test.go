@@ -1,0 +1,243 @@
+package txlock_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+)
+
+// Every statement txlock sends itself for fencing tokens works in every pgx
+// exec mode behind PgBouncer 1.18 in transaction mode: 16 goroutines on a
+// pool of 32, over 4 keys, draw 800 tokens, half of them with WithFencing,
+// so that each client connection meets many server connections (PgBouncer
+// has 5); every draw succeeds and every token is distinct. (Four keys, so
+// that at most four holders hold a server connection while they draw on a
+// fifth: see WithFencing for the pooler's own pool.) Fenced writes run where the mode lets the
+// caller's own bind parameters through (not cache_statement or
+// describe_exec, which fail for any parameterized query there), and terms,
+// which draw a token at their start, in every mode.
+func TestTokensInEveryExecMode(t *testing.T) {
+	const workers, iters = 16, 50
+	for _, tc := range []struct {
+		mode        string
+		fencedWrite bool
+	}{
+		{"cache_statement", false},
+		{"describe_exec", false},
+		{"cache_describe", true},
+		{"exec", true},
+		{"simple_protocol", true},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			db, _ := bouncer(t, tc.mode)
+			db.SetMaxOpenConns(32)
+			admin := direct(t)
+			ft := stockTable(t, admin)
+			ctx := context.Background()
+			var mu sync.Mutex
+			seen := map[int64]bool{}
+			errs := make(chan error, workers*iters)
+			var wg sync.WaitGroup
+			for w := range workers {
+				key := txlock.StringKey(fmt.Sprintf("%s/%d", t.Name(), w%4))
+				var opts []txlock.Option
+				if w%2 == 0 {
+					opts = append(opts, txlock.WithFencing())
+				}
+				wg.Go(func() {
+					for range iters {
+						errs <- txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+							tok, err := txlock.FenceToken(ctx)
+							if err != nil {
+								return err
+							}
+							mu.Lock()
+							dup := seen[tok]
+							seen[tok] = true
+							mu.Unlock()
+							if dup {
+								return fmt.Errorf("token %d issued twice", tok)
+							}
+							return nil
+						}, append(opts, txlock.WithTimeout(30*time.Second))...)
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			failed := map[string]int{}
+			for err := range errs {
+				if err != nil {
+					failed[err.Error()]++
+				}
+			}
+			require.Empty(t, failed, "draws that failed, by error")
+			assert.Len(t, seen, workers*iters)
+
+			if tc.fencedWrite {
+				key := txlock.StringKey(uniq(t))
+				require.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+					tok, err := txlock.FenceToken(ctx)
+					if err != nil {
+						return err
+					}
+					_, err = ft.Update(ctx, db, tok, []txlock.Col{{Name: "qty", Value: 49}}, []txlock.Col{{Name: "sku", Value: "SKU-1001"}})
+					return err
+				}, txlock.WithFencing()))
+				qty, _ := readStock(t, admin, ft)
+				assert.Equal(t, 49, qty)
+			}
+
+			beat := txlock.Heartbeat{Interval: 100 * time.Millisecond, Timeout: 2 * time.Second, TTL: 5 * time.Second}
+			var twg sync.WaitGroup
+			terms := make(chan error, 4*5)
+			for w := range 4 {
+				key := txlock.StringKey(fmt.Sprintf("%s/term/%d", uniq(t), w))
+				twg.Go(func() {
+					for range 5 {
+						term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(beat), txlock.WithTimeout(30*time.Second))
+						if err == nil {
+							if term.Token() <= 0 {
+								err = fmt.Errorf("term token %d", term.Token())
+							}
+							err = errorsJoin(err, term.Release(ctx))
+						}
+						terms <- err
+					}
+				})
+			}
+			twg.Wait()
+			close(terms)
+			for err := range terms {
+				assert.NoError(t, err, "a term in exec mode %s", tc.mode)
+			}
+		})
+	}
+}
+
+func errorsJoin(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// N holders on a pool of N connections that all draw tokens all succeed
+// with WithFencing, directly and through PgBouncer, on database/sql: the
+// draw's connection is set aside before the lock is taken. Without it,
+// holders that fill the pool and then draw fail at once with ErrNoToken,
+// which names WithFencing, instead of waiting for ever (or for their
+// deadline) for a connection none of them will give back.
+func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
+	const n, iters = 4, 50
+	for _, route := range []string{"direct", "pgbouncer"} {
+		t.Run(route, func(t *testing.T) {
+			url := pgtest.Postgres(t)
+			if route == "pgbouncer" {
+				url, _ = pgtest.PgBouncer(t)
+				url += "&default_query_exec_mode=exec"
+			}
+			admin := direct(t)
+			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+			db := open(t, url)
+			db.SetMaxOpenConns(n)
+			ctx := context.Background()
+
+			t.Run("WithFencing", func(t *testing.T) {
+				start := time.Now()
+				errs := make(chan error, n*iters)
+				var wg sync.WaitGroup
+				for w := range n {
+					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
+					wg.Go(func() {
+						for range iters {
+							cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+							errs <- txlock.WithLock(cctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+								_, err := txlock.FenceToken(ctx)
+								return err
+							}, txlock.WithFencing())
+							cancel()
+						}
+					})
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					require.NoError(t, err)
+				}
+				t.Logf("%d holders on a pool of %d drew %d tokens in %v", n, n, n*iters, time.Since(start).Round(time.Millisecond))
+				require.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond, "the draw's connection went back to the pool")
+			})
+
+			t.Run("without", func(t *testing.T) {
+				// Every holder takes its lock, waits until all n hold
+				// theirs (the pool is then full), draws, and keeps its
+				// lock until all have drawn.
+				var in, drew sync.WaitGroup
+				in.Add(n)
+				drew.Add(n)
+				errs := make(chan error, n)
+				took := make(chan time.Duration, n)
+				var wg sync.WaitGroup
+				for w := range n {
+					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
+					wg.Go(func() {
+						cctx, cancel := context.WithTimeout(ctx, time.Minute)
+						defer cancel()
+						errs <- txlock.WithLock(cctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+							in.Done()
+							in.Wait()
+							start := time.Now()
+							_, err := txlock.FenceToken(ctx)
+							took <- time.Since(start)
+							drew.Done()
+							drew.Wait()
+							return err
+						})
+					})
+				}
+				wg.Wait()
+				close(errs)
+				close(took)
+				for err := range errs {
+					require.ErrorIs(t, err, txlock.ErrNoToken)
+					assert.ErrorContains(t, err, "txlock.WithFencing()")
+				}
+				for d := range took {
+					// A wait would last the minute of the deadline.
+					assert.Less(t, d, 10*time.Second, "a draw waited for a connection")
+				}
+			})
+		})
+	}
+}
+
+// WithFencing needs a pool it can set a connection aside in: a single
+// connection, or a pool of one, is refused before anything is locked.
+func TestWithFencingNeedsAPool(t *testing.T) {
+	db := direct(t)
+	ctx := context.Background()
+	nop := func(context.Context, *sql.Tx) error { return nil }
+	conn, err := db.Conn(ctx)
+	require.NoError(t, err)
+	defer conn.Close()
+	err = txlock.WithLock(ctx, conn, txlock.StringKey(uniq(t)), nop, txlock.WithFencing())
+	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "not a pool")
+	one := open(t, pgtest.Postgres(t))
+	one.SetMaxOpenConns(1)
+	err = txlock.WithLock(ctx, one, txlock.StringKey(uniq(t)), nop, txlock.WithFencing())
+	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	assert.ErrorContains(t, err, "SetMaxOpenConns(1)")
+	err = txlock.LockTx(ctx, nil, txlock.StringKey(uniq(t)), txlock.WithFencing())
+	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
