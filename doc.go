@@ -129,12 +129,12 @@
 // # Errors
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
-// waited), ErrStandby, ErrTxDone, ErrHoldTimeout, ErrCommitFailed,
+// waited), ErrStandby, ErrFnEndedTx, ErrHoldTimeout, ErrCommitFailed,
 // ErrInvalidArgument, ErrInvalidKey, ErrNoToken, ErrStaleToken (a
 // *StaleTokenError), ErrRowNotFound, ErrLockLost, ErrTermReleased and
 // ErrKeyspaceClash (a *KeyspaceClashError) are matched with errors.Is. An error
 // from fn is returned so that errors.Is and errors.As find it: as it is, or
-// joined with ErrTxDone or ErrHoldTimeout when fn also ended the transaction
+// joined with ErrFnEndedTx or ErrHoldTimeout when fn also ended the transaction
 // or outlived WithMaxHold (see WithLock). SQLState reads a PostgreSQL error
 // code from any of them without importing a driver.
 package txlock

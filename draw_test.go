@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -150,73 +151,20 @@ func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
 			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
 			db := open(t, url)
 			db.SetMaxOpenConns(n)
-			ctx := context.Background()
-
+			lock := func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
+				var opts []txlock.Option
+				if fencing {
+					opts = append(opts, txlock.WithFencing())
+				}
+				return txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error { return body(ctx) }, opts...)
+			}
 			t.Run("WithFencing", func(t *testing.T) {
 				start := time.Now()
-				errs := make(chan error, n*iters)
-				var wg sync.WaitGroup
-				for w := range n {
-					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
-					wg.Go(func() {
-						for range iters {
-							cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-							errs <- txlock.WithLock(cctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-								_, err := txlock.FenceToken(ctx)
-								return err
-							}, txlock.WithFencing())
-							cancel()
-						}
-					})
-				}
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					require.NoError(t, err)
-				}
+				require.Empty(t, locktest.DrawingHolders(t, n, iters, lock))
 				t.Logf("%d holders on a pool of %d drew %d tokens in %v", n, n, n*iters, time.Since(start).Round(time.Millisecond))
 				require.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond, "the draw's connection went back to the pool")
 			})
-
-			t.Run("without", func(t *testing.T) {
-				// Every holder takes its lock, waits until all n hold
-				// theirs (the pool is then full), draws, and keeps its
-				// lock until all have drawn.
-				var in, drew sync.WaitGroup
-				in.Add(n)
-				drew.Add(n)
-				errs := make(chan error, n)
-				took := make(chan time.Duration, n)
-				var wg sync.WaitGroup
-				for w := range n {
-					key := txlock.StringKey(fmt.Sprintf("%s/%d", uniq(t), w))
-					wg.Go(func() {
-						cctx, cancel := context.WithTimeout(ctx, time.Minute)
-						defer cancel()
-						errs <- txlock.WithLock(cctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-							in.Done()
-							in.Wait()
-							start := time.Now()
-							_, err := txlock.FenceToken(ctx)
-							took <- time.Since(start)
-							drew.Done()
-							drew.Wait()
-							return err
-						})
-					})
-				}
-				wg.Wait()
-				close(errs)
-				close(took)
-				for err := range errs {
-					require.ErrorIs(t, err, txlock.ErrNoToken)
-					assert.ErrorContains(t, err, "txlock.WithFencing()")
-				}
-				for d := range took {
-					// A wait would last the minute of the deadline.
-					assert.Less(t, d, 10*time.Second, "a draw waited for a connection")
-				}
-			})
+			t.Run("without", func(t *testing.T) { locktest.FullPoolDraws(t, n, lock) })
 		})
 	}
 }

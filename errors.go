@@ -21,9 +21,9 @@ var (
 	// refused and fn does not run.
 	ErrStandby = errors.New("txlock: server is a hot standby; a lock there would exclude nothing on the primary")
 
-	// ErrTxDone: fn committed or rolled back the lock's transaction itself.
+	// ErrFnEndedTx: fn committed or rolled back the lock's transaction itself.
 	// The lock ended with that transaction. WithLock does not commit again.
-	ErrTxDone = errors.New("txlock: fn ended the lock's transaction itself (Commit or Rollback); the lock ended with it")
+	ErrFnEndedTx = errors.New("txlock: fn ended the lock's transaction itself (Commit or Rollback); the lock ended with it")
 
 	// ErrHoldTimeout: the lock was held past the WithMaxHold bound, and its
 	// transaction was rolled back.
@@ -36,8 +36,9 @@ var (
 	// errors.Is and errors.As.
 	ErrCommitFailed = errors.New("txlock: commit failed")
 
-	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, or an
-	// invalid Option. Nothing was sent to the database.
+	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, too many
+	// keys (MaxKeys), an invalid Option, or an invalid key (which matches
+	// ErrInvalidKey too). Nothing was sent to the database.
 	ErrInvalidArgument = errors.New("txlock: invalid argument")
 
 	// ErrLockLost: a term (AcquireTerm, Lead) lost its lock: a heartbeat

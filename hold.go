@@ -64,7 +64,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 	}
 	if fnErr != nil {
 		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
-			return errors.Join(fnErr, ErrTxDone)
+			return errors.Join(fnErr, ErrFnEndedTx)
 		}
 		if errors.Is(fnErr, ErrHoldTimeout) {
 			return fnErr
@@ -93,7 +93,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 			if h.txCtx.Err() != nil {
 				return h.ended()
 			}
-			return ErrTxDone
+			return ErrFnEndedTx
 		}
 		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
 	}

@@ -13,8 +13,16 @@ import (
 
 // ErrInvalidKey is matched (with errors.Is) by every error about a malformed
 // Key or Keyspace: an empty or non-UTF-8 name, a NUL byte, a zero Key, or an
-// undecodable pg_locks row.
-var ErrInvalidKey = errors.New("txlock: invalid key")
+// undecodable pg_locks row. An invalid key is an invalid argument: such an
+// error matches ErrInvalidArgument too.
+var ErrInvalidKey error = invalidKey{}
+
+// invalidKey is ErrInvalidKey: a sentinel that also matches
+// ErrInvalidArgument.
+type invalidKey struct{}
+
+func (invalidKey) Error() string        { return "txlock: invalid key" }
+func (invalidKey) Is(target error) bool { return target == ErrInvalidArgument }
 
 type keyKind uint8
 

@@ -110,8 +110,10 @@ func TestInvalidKeys(t *testing.T) {
 	assert.Less(t, len(k.String()), 100)
 }
 
-// Keys and identifiers follow one rule for names, each reported with its
-// own sentinel and naming what was wrong.
+// Keys and identifiers follow one rule for names, each reported naming what
+// was wrong: a key's error matches ErrInvalidKey (and, an invalid key being
+// an invalid argument, ErrInvalidArgument), an identifier's
+// ErrInvalidArgument only.
 func TestInvalidNamesOfKeysAndIdentifiers(t *testing.T) {
 	for _, tc := range []struct{ name, want string }{
 		{"", "is empty"},
@@ -120,7 +122,7 @@ func TestInvalidNamesOfKeysAndIdentifiers(t *testing.T) {
 	} {
 		err := txlock.StringKey(tc.name).Err()
 		assert.ErrorIs(t, err, txlock.ErrInvalidKey)
-		assert.NotErrorIs(t, err, txlock.ErrInvalidArgument)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 		assert.ErrorContains(t, err, "key name")
 		assert.ErrorContains(t, err, tc.want)
 
@@ -232,4 +234,15 @@ func TestKeyKeyspace(t *testing.T) {
 	assert.Empty(t, txlock.KeyspaceID(7).ID(1).Keyspace(), "a keyspace without a name")
 	assert.Empty(t, txlock.StringKey("orders:42").Keyspace())
 	assert.Empty(t, txlock.PairKey(1, 2).Keyspace())
+}
+
+// An invalid key is an invalid argument: its error matches both sentinels,
+// and ErrInvalidArgument alone does not match ErrInvalidKey.
+func TestInvalidKeyIsInvalidArgument(t *testing.T) {
+	for _, k := range []txlock.Key{{}, txlock.StringKey(""), txlock.StringKey("a\x00"), txlock.NewKeyspace("").Key("a")} {
+		err := k.Err()
+		assert.ErrorIs(t, err, txlock.ErrInvalidKey)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+	}
+	assert.NotErrorIs(t, txlock.ErrInvalidArgument, txlock.ErrInvalidKey)
 }

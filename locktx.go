@@ -65,10 +65,10 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 		c.mode = tryOnce
 	}
 	a.one[0] = key
-	a.lease = Lease{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.stmt = lockStatement(a.lease.Keys, c.shared, c.maxHold, formCallerTx)
+	a.info = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
+	a.stmt = lockStatement(a.info.Keys, c.shared, c.maxHold, formCallerTx)
 	c.ev.start(ctx)
-	err := c.wait(ctx, &a.lease, a, nil)
+	err := c.wait(ctx, &a.info, a, nil)
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
@@ -78,11 +78,11 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 // callerTx is the attempter of LockTx: each attempt is a statement in the
 // caller's transaction.
 type callerTx struct {
-	c     config
-	tx    seam.Execer
-	stmt  string
-	lease Lease
-	one   [1]Key
+	c    config
+	tx   seam.Execer
+	stmt string
+	info Lock // what the lock is, for the wait
+	one  [1]Key
 }
 
 // attempt implements attempter. Statements run under ctx, not the wait's
@@ -96,7 +96,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if b.window <= 0 {
 		return runLockStatement(ctx, a.tx, a.stmt)
 	}
-	out, err := runLockStatement(ctx, a.tx, savepoint+waitStatement(a.lease.Keys, a.c.shared, a.c.maxHold, b.window))
+	out, err := runLockStatement(ctx, a.tx, savepoint+waitStatement(a.info.Keys, a.c.shared, a.c.maxHold, b.window))
 	if err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return busy, fmt.Errorf("txlock: release savepoint: %w", err)
@@ -116,7 +116,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	case codeDeadlock:
 		// A deadlock between caller transactions: waiting again would
 		// deadlock again. The caller's transaction is still usable.
-		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.lease.Keys), err)
+		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.info.Keys), err)
 	}
 	// The isolation level was refused (see waitStatement). The caller's
 	// transaction is still usable.

@@ -240,11 +240,11 @@ func TestObservePolling(t *testing.T) {
 					heldAtReleased = obsHeld(admin, key)
 				}
 			}}
-			var lease txlock.Lease
+			var lock txlock.Lock
 			var fnStart, fnEnd time.Time
 			err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 				fnStart = time.Now()
-				lease, _ = txlock.LeaseFromContext(ctx)
+				lock, _ = txlock.LockFromContext(ctx)
 				time.Sleep(sleep)
 				fnEnd = time.Now()
 				return nil
@@ -266,8 +266,8 @@ func TestObservePolling(t *testing.T) {
 			// After the first busy attempt the call joins its local queue
 			// and tries again at once; every later one sleeps interval.
 			assert.LessOrEqual(t, time.Duration(n-2)*interval, acq.Waited, "%d busy attempts cannot fit in %v with %v sleeps", n, acq.Waited, interval)
-			assert.Equal(t, lease.Attempts, acq.Attempts, "the Lease agrees")
-			assert.Equal(t, lease.Waited, acq.Waited, "the Lease agrees")
+			assert.Equal(t, lock.Attempts, acq.Attempts, "the Lock agrees")
+			assert.Equal(t, lock.Waited, acq.Waited, "the Lock agrees")
 			assert.Equal(t, 1, heldAtAcquired, "Acquired fires once the key is granted")
 
 			assert.True(t, rel.Committed)
@@ -471,17 +471,17 @@ func TestObserveMultiKey(t *testing.T) {
 	a, b := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
 	r := newDelayedRelease(t, db, b, 200*time.Millisecond, 1)
 	log := &obsLog{on: r.observe}
-	var lease txlock.Lease
+	var lock txlock.Lock
 	err := txlock.WithLocks(context.Background(), db, []txlock.Key{b, a, b}, func(ctx context.Context, tx *sql.Tx) error {
-		lease, _ = txlock.LeaseFromContext(ctx)
+		lock, _ = txlock.LockFromContext(ctx)
 		return nil
 	}, txlock.WithObserver(log), txlock.WithRetry(txlock.ConstantBackoff{Interval: 20 * time.Millisecond}), txlock.WithTimeout(20*time.Second))
 	require.NoError(t, err)
 	kept := r.kept(t)
 	evs := log.take()
-	require.Len(t, lease.Keys, 2, "the duplicate is dropped")
-	assert.ElementsMatch(t, []txlock.Key{a, b}, lease.Keys)
-	assertKeys(t, evs, lease.Keys, false)
+	require.Len(t, lock.Keys, 2, "the duplicate is dropped")
+	assert.ElementsMatch(t, []txlock.Key{a, b}, lock.Keys)
+	assertKeys(t, evs, lock.Keys, false)
 	busy, rest := waitRound(t, evs, 1, txlock.Acquired, txlock.Released)
 	assert.Equal(t, len(busy)+1, rest[0].Attempts)
 	assert.GreaterOrEqual(t, rest[0].Waited, kept)
@@ -491,14 +491,14 @@ func TestObserveMultiKey(t *testing.T) {
 	require.NoError(t, txlock.WithLocks(context.Background(), db, []txlock.Key{a, b}, func(context.Context, *sql.Tx) error { return nil },
 		txlock.WithObserver(log)))
 	evs = log.take()
-	assertKeys(t, evs, lease.Keys, false)
+	assertKeys(t, evs, lock.Keys, false)
 	waitRound(t, evs, 0, txlock.Acquired, txlock.Released)
 
 	// Shared locks say so.
 	require.NoError(t, txlock.WithLocks(context.Background(), db, []txlock.Key{b, a}, func(context.Context, *sql.Tx) error { return nil },
 		txlock.WithObserver(log), txlock.WithShared()))
 	evs = log.take()
-	assertKeys(t, evs, lease.Keys, true)
+	assertKeys(t, evs, lock.Keys, true)
 	waitRound(t, evs, 0, txlock.Acquired, txlock.Released)
 }
 

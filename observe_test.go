@@ -172,8 +172,8 @@ func TestEventsFailed(t *testing.T) {
 	c := testConfig(t, newFakeClock(), WithObserver(rec))
 	c.ev.start(context.Background())
 	boom := errors.New("txlock: begin: connection refused")
-	lease := Lease{Keys: testKeys}
-	err := c.wait(context.Background(), &lease, attempterFunc(func(context.Context, bound) (outcome, error) { return busy, boom }), nil)
+	lock := Lock{Keys: testKeys}
+	err := c.wait(context.Background(), &lock, attempterFunc(func(context.Context, bound) (outcome, error) { return busy, boom }), nil)
 	assert.ErrorIs(t, err, boom)
 	assert.Equal(t, []EventKind{WaitStarted, Failed}, rec.kinds())
 	assert.Equal(t, boom, rec.events[1].Err)
@@ -183,20 +183,20 @@ func TestEventsFailed(t *testing.T) {
 	c.mode = tryOnce
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = c.wait(ctx, &lease, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
+	err = c.wait(ctx, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, []EventKind{WaitStarted, Failed}, rec.kinds())
 }
 
-// Acquired carries the attempts and the time waited, which the Lease agrees
+// Acquired carries the attempts and the time waited, which the Lock agrees
 // with; busy events count up.
 func TestEventsCounts(t *testing.T) {
 	clk := newFakeClock()
 	rec := &recorder{}
 	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithObserver(rec))
 	c.ev.start(context.Background())
-	var lease Lease
-	l := &clockLock{clk: clk, busyFor: 3, fn: func(ctx context.Context) { lease, _ = LeaseFromContext(ctx) }}
+	var lock Lock
+	l := &clockLock{clk: clk, busyFor: 3, fn: func(ctx context.Context) { lock, _ = LockFromContext(ctx) }}
 	_, err := run(context.Background(), c, l, testKeys, nil, &lockState{})
 	require.NoError(t, err)
 	var busy []int
@@ -211,8 +211,8 @@ func TestEventsCounts(t *testing.T) {
 	assert.Equal(t, 4, acq.Attempts)
 	// Three busy attempts of 1 ms and three sleeps of 10 ms.
 	assert.Equal(t, 33*time.Millisecond, acq.Waited)
-	assert.Equal(t, lease.Waited, acq.Waited)
-	assert.Equal(t, lease.Attempts, acq.Attempts)
+	assert.Equal(t, lock.Waited, acq.Waited)
+	assert.Equal(t, lock.Attempts, acq.Attempts)
 }
 
 type ctxKey string

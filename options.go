@@ -51,7 +51,7 @@ type config struct {
 	serialSet     bool
 	fencing       bool     // WithFencing: a draw connection is set aside before the lock
 	onlyOwnTx     []string // options that make no sense inside a caller's tx
-	// term is set for AcquireTerm, TryAcquireTerm and Lead (see lease.go);
+	// term is set for AcquireTerm, TryAcquireTerm and Lead (see term.go);
 	// heartbeat and fencer are their options, and onlyTerm names the
 	// options given that apply only to them.
 	term      bool

@@ -188,8 +188,8 @@ func TestServerWaitHandoff(t *testing.T) {
 	time.AfterFunc(150*time.Millisecond, release)
 	var attempts int
 	err := txlock.WithLocks(context.Background(), db, []txlock.Key{key, txlock.StringKey(uniq(t))}, func(ctx context.Context, tx *sql.Tx) error {
-		lease, _ := txlock.LeaseFromContext(ctx)
-		attempts = lease.Attempts
+		lock, _ := txlock.LockFromContext(ctx)
+		attempts = lock.Attempts
 		return nil
 	}, txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithMaxHold(time.Second))
 	require.NoError(t, err)
@@ -300,12 +300,12 @@ func TestServerWaitRefusesIsolationFromServer(t *testing.T) {
 	// server once: refused there, it polls.
 	release = hold(t, db, key, false)
 	time.AfterFunc(300*time.Millisecond, release)
-	var lease txlock.Lease
+	var lock txlock.Lock
 	require.NoError(t, txlock.WithLock(context.Background(), rrDB, key, func(ctx context.Context, tx *sql.Tx) error {
-		lease, _ = txlock.LeaseFromContext(ctx)
+		lock, _ = txlock.LockFromContext(ctx)
 		return nil
 	}))
-	assert.Greater(t, lease.Attempts, 1)
+	assert.Greater(t, lock.Attempts, 1)
 }
 
 // Two caller transactions that take two keys in opposite orders with

@@ -9,8 +9,8 @@ import (
 	"github.com/txlock/txlock/internal/lockstmt"
 )
 
-// This file holds every SQL text the lock sends. (Fencing tokens and fenced
-// writes build theirs in fenced.go.)
+// This file holds every SQL text the lock sends. (Fencing tokens build
+// theirs in token.go, and fenced writes in fenced.go.)
 //
 // Rules every statement here follows:
 //   - It takes no parameters, so pgx sends it with the simple protocol

@@ -48,14 +48,14 @@ var (
 //   - fn returns nil: the transaction commits, and a commit error is returned
 //     (ErrCommitFailed);
 //   - fn returns an error: the transaction rolls back, and that error is
-//     returned, joined with ErrTxDone if fn also ended the transaction
+//     returned, joined with ErrFnEndedTx if fn also ended the transaction
 //     itself, or with ErrHoldTimeout if fn outlived WithMaxHold (errors.Is
 //     and errors.As still find fn's error);
 //   - fn panics: the transaction rolls back, and the panic continues.
 //
 // The lock is released by that commit or rollback, and no sooner, so every
 // write fn makes in tx is visible to the next holder. fn must not commit or
-// roll back tx itself (ErrTxDone). Writes fn makes elsewhere (another
+// roll back tx itself (ErrFnEndedTx). Writes fn makes elsewhere (another
 // database, a queue) escape the lock: see FenceToken.
 //
 // A server in recovery is refused with ErrStandby. Invalid arguments are
@@ -93,9 +93,9 @@ func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx cont
 	return cl.run(ctx, Key{}, keys, opts)
 }
 
-// Lease describes, inside fn, the lock fn runs under. Get it with
-// LeaseFromContext.
-type Lease struct {
+// Lock describes, inside fn, the lock fn runs under. Get it with
+// LockFromContext.
+type Lock struct {
 	Keys     []Key         // the locked keys, in canonical order
 	Shared   bool          // shared (WithShared) rather than exclusive
 	Held     bool          // false only when WithFailOpen ran fn without the lock
@@ -103,14 +103,14 @@ type Lease struct {
 	Waited   time.Duration // time from the call to the grant
 }
 
-// LeaseFromContext returns the Lease of the WithLock call whose fn received
+// LockFromContext returns the Lock of the WithLock call whose fn received
 // ctx (or a context derived from it).
-func LeaseFromContext(ctx context.Context) (Lease, bool) {
+func LockFromContext(ctx context.Context) (Lock, bool) {
 	st, ok := stateFrom(ctx)
 	if !ok {
-		return Lease{}, false
+		return Lock{}, false
 	}
-	return st.lease, true
+	return st.lock, true
 }
 
 // Held reports whether ctx belongs to a fn that holds its lock. It is false
@@ -123,7 +123,7 @@ func LeaseFromContext(ctx context.Context) (Lease, bool) {
 // Heartbeat), which a derived context's own Err does not.
 func Held(ctx context.Context) bool {
 	st, ok := stateFrom(ctx)
-	if !ok || !st.lease.Held || st.ended.Load() {
+	if !ok || !st.lock.Held || st.ended.Load() {
 		return false
 	}
 	if t := termOf(st); t != nil && t.Err() != nil {
@@ -132,14 +132,14 @@ func Held(ctx context.Context) bool {
 	return ctx.Err() == nil
 }
 
-// lockState is what fn's context carries: the Lease, and what fencing
+// lockState is what fn's context carries: the Lock, and what fencing
 // tokens need. It is fn's context itself, wrapping the context fn runs
 // under, so that handing it to fn costs no allocation.
 type lockState struct {
 	context.Context
-	lease Lease
-	db    Beginner // where the lock was taken: tokens are drawn there
-	tx    *sql.Tx  // the lock's transaction
+	lock Lock
+	db   Beginner // where the lock was taken: tokens are drawn there
+	tx   *sql.Tx  // the lock's transaction
 	// sess, for a driver's lock (see seam.go), stands for db and tx.
 	sess seam.Session
 	// draw is the connection WithFencing set aside for draws, or nil.
@@ -282,12 +282,12 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 		if round > 0 {
 			st = &lockState{}
 		}
-		st.lease = Lease{Keys: keys, Shared: c.shared, Held: true}
+		st.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
 		st.draw = draw
 		if ev.on() {
 			st.ev = ev
 		}
-		if err := c.wait(ctx, &st.lease, a, t); err != nil {
+		if err := c.wait(ctx, &st.lock, a, t); err != nil {
 			if t != nil {
 				t.leave()
 			}
@@ -306,7 +306,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 				if ev.on() {
 					ev.emit(Event{Kind: FailedOpen, Keys: keys, Shared: c.shared, Attempts: te.Attempts, Waited: te.Waited})
 				}
-				st.lease.Held = false
+				st.lock.Held = false
 				return false, a.holdUnlocked(ctx, st)
 			}
 			return false, err
@@ -341,7 +341,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 				return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
 			}
 			if ev.on() {
-				ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lease.Attempts, Err: err})
+				ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lock.Attempts, Err: err})
 			}
 			continue
 		}
@@ -391,7 +391,7 @@ func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticke
 // released reports the end of a held lock: HoldTimeout first if the hold
 // bound ended it.
 func (c *config) released(st *lockState, err error) {
-	e := Event{Keys: st.lease.Keys, Shared: st.lease.Shared, Attempts: st.lease.Attempts, Waited: st.lease.Waited,
+	e := Event{Keys: st.lock.Keys, Shared: st.lock.Shared, Attempts: st.lock.Attempts, Waited: st.lock.Waited,
 		Held: c.clock.now().Sub(st.grantedAt)}
 	if errors.Is(err, ErrHoldTimeout) {
 		e.Kind = HoldTimeout

@@ -248,9 +248,9 @@ func TestSharedAndExclusive(t *testing.T) {
 
 	// Inside fn, the lock is shared: another shared holder gets in.
 	err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
-		lease, ok := txlock.LeaseFromContext(ctx)
+		lock, ok := txlock.LockFromContext(ctx)
 		require.True(t, ok)
-		assert.True(t, lease.Shared)
+		assert.True(t, lock.Shared)
 		var other bool
 		require.NoError(t, db.QueryRowContext(ctx, "SELECT pg_try_advisory_xact_lock_shared("+lockArgs(key)+")").Scan(&other))
 		assert.True(t, other)
@@ -278,9 +278,9 @@ func TestMultiKeyAllOrNothing(t *testing.T) {
 	start := time.Now()
 	time.AfterFunc(200*time.Millisecond, release)
 	err = txlock.WithLocks(context.Background(), db, []txlock.Key{k3, k1, k2, k1}, func(ctx context.Context, tx *sql.Tx) error {
-		lease, _ := txlock.LeaseFromContext(ctx)
-		assert.Len(t, lease.Keys, 3, "duplicates removed")
-		assert.Greater(t, lease.Attempts, 1)
+		lock, _ := txlock.LockFromContext(ctx)
+		assert.Len(t, lock.Keys, 3, "duplicates removed")
+		assert.Greater(t, lock.Attempts, 1)
 		for _, k := range []txlock.Key{k1, k2, k3} {
 			assert.Equal(t, 1, heldBy(t, db, k), "key %v", k)
 		}
@@ -365,7 +365,7 @@ func TestFnPaths(t *testing.T) {
 			insert(ctx, tx, v)
 			return tx.Commit()
 		})
-		assert.ErrorIs(t, err, txlock.ErrTxDone)
+		assert.ErrorIs(t, err, txlock.ErrFnEndedTx)
 		assert.Equal(t, 1, count(v), "fn's own commit stands; no second commit was attempted")
 	})
 
@@ -373,7 +373,7 @@ func TestFnPaths(t *testing.T) {
 		err := txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
 			return tx.Rollback()
 		})
-		assert.ErrorIs(t, err, txlock.ErrTxDone)
+		assert.ErrorIs(t, err, txlock.ErrFnEndedTx)
 	})
 
 	t.Run("commit fails", func(t *testing.T) {
@@ -1010,8 +1010,8 @@ func TestLocalQueue(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
-				lease, _ := txlock.LeaseFromContext(ctx)
-				attempts <- lease.Attempts
+				lock, _ := txlock.LockFromContext(ctx)
+				attempts <- lock.Attempts
 				return nil
 			}, txlock.WithTimeout(20*time.Second)))
 		}()
@@ -1122,7 +1122,7 @@ func TestPollingEarlyHandoff(t *testing.T) {
 		assert.ErrorIs(t, err, context.Canceled)
 	}()
 	require.Eventually(t, func() bool { return txlock.QueueRefs() == 2 }, 10*time.Second, time.Millisecond)
-	var lease txlock.Lease
+	var lock txlock.Lock
 	var seen int
 	var thirdStarted time.Time
 	wg.Add(1)
@@ -1130,7 +1130,7 @@ func TestPollingEarlyHandoff(t *testing.T) {
 		defer wg.Done()
 		assert.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
 			thirdStarted = time.Now()
-			lease, _ = txlock.LeaseFromContext(ctx)
+			lock, _ = txlock.LockFromContext(ctx)
 			return tx.QueryRowContext(ctx, `SELECT count(*) FROM `+table).Scan(&seen)
 		}, txlock.WithTimeout(20*time.Second), rr))
 	}()
@@ -1166,14 +1166,14 @@ func TestPollingEarlyHandoff(t *testing.T) {
 	t.Logf("a waiter was idle in its transaction in %d samples, the last %v after fn returned; the third caller's fn started after %v", len(idle), idle[len(idle)-1], thirdStarted.Sub(start))
 	assert.Less(t, idle[len(idle)-1], 1200*time.Millisecond, "no waiter holds its transaction through a slow COMMIT")
 	assert.Greater(t, thirdStarted.Sub(start), 1400*time.Millisecond, "the third caller's fn starts after the first's COMMIT has returned")
-	assert.Equal(t, 1, lease.Attempts, "its one attempt found the lock free")
+	assert.Equal(t, 1, lock.Attempts, "its one attempt found the lock free")
 	assert.Equal(t, 1, seen, "its snapshot sees the first caller's row")
 	assert.Zero(t, txlock.Queues(), "queues are removed when empty")
 }
 
 // fn's context is the caller's, with the lock's state added: values,
 // deadline and cancellation pass through, contexts derived from it still
-// find the Lease, and a context kept from a round that a serialization
+// find the Lock, and a context kept from a round that a serialization
 // failure ended keeps describing that round, not the next.
 func TestFnContext(t *testing.T) {
 	db := direct(t)
@@ -1195,16 +1195,16 @@ func TestFnContext(t *testing.T) {
 		assert.Equal(t, want, d)
 		assert.True(t, txlock.Held(ctx))
 		derived, cancelDerived := context.WithCancel(ctx)
-		lease, ok := txlock.LeaseFromContext(derived)
+		lock, ok := txlock.LockFromContext(derived)
 		assert.True(t, ok)
-		assert.Equal(t, 1, lease.Attempts, "each round takes the free lock at once")
+		assert.Equal(t, 1, lock.Attempts, "each round takes the free lock at once")
 		assert.True(t, txlock.Held(derived))
 		cancelDerived()
 		assert.False(t, txlock.Held(derived), "a cancelled derived context no longer holds")
 		assert.True(t, txlock.Held(ctx))
 		if len(kept) > 1 {
 			assert.False(t, txlock.Held(kept[0]), "the first round's context outlived its round")
-			_, ok := txlock.LeaseFromContext(kept[0])
+			_, ok := txlock.LockFromContext(kept[0])
 			assert.True(t, ok)
 		}
 		var n int

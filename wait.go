@@ -69,7 +69,7 @@ type realClock struct{}
 func (realClock) now() time.Time                                  { return time.Now() }
 func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
-// wait makes a's attempts until one is granted, and counts them in lease.
+// wait makes a's attempts until one is granted, and counts them in lock.
 //
 // A busy attempt is followed by a sleep (polling), by another window in the
 // server (inServer), or by errBusy (tryOnce). If t is not nil, the call
@@ -77,29 +77,29 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // keys (see queue.go), and attempts only while it has the turn. Every
 // attempt and every sleep ends by the deadline: then, or when ctx ends, the
 // result is a *LockTimeoutError.
-func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket) error {
+func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) error {
 	start := c.clock.now()
 	ev := &c.ev
 	if ev.on() {
-		ev.emit(Event{Kind: WaitStarted, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx})
+		ev.emit(Event{Kind: WaitStarted, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx})
 	}
 	timeout := func() error {
-		lease.Waited = c.clock.now().Sub(start)
-		kind, err := waitEnded(ctx, lease.Keys, lease.Attempts, lease.Waited)
+		lock.Waited = c.clock.now().Sub(start)
+		kind, err := waitEnded(ctx, lock.Keys, lock.Attempts, lock.Waited)
 		if ev.on() {
-			ev.emit(Event{Kind: kind, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited, Err: err})
+			ev.emit(Event{Kind: kind, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: lock.Waited, Err: err})
 		}
 		return err
 	}
 	failed := func(err error) error {
 		if ev.on() {
-			ev.emit(Event{Kind: Failed, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start), Err: err})
+			ev.emit(Event{Kind: Failed, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start), Err: err})
 		}
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		if c.mode == tryOnce {
-			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lease.Keys), err))
+			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
 		}
 		return timeout()
 	}
@@ -129,7 +129,7 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 		switch {
 		case c.mode == inServer:
 			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
-		case c.headWait && c.mode == polling && !headWaited && len(lease.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
+		case c.headWait && c.mode == polling && !headWaited && len(lock.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
 			// A handoff from this process's holder (prevEnd) leaves the
 			// lock free for a cheaper poll, unless other processes wait
 			// for it in the server. Only a single key waits: lock_timeout
@@ -163,45 +163,45 @@ func (c *config) wait(ctx context.Context, lease *Lease, a attempter, t *ticket)
 					// The wait ended while the statement waited in the
 					// server: that window was an attempt, and found the
 					// lock busy for as long as it lasted.
-					lease.Attempts++
+					lock.Attempts++
 					if ev.on() {
-						ev.emit(Event{Kind: Busy, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+						ev.emit(Event{Kind: Busy, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 					}
 				}
 				return timeout()
 			}
 			if SQLState(err) == codeOutOfMemory {
-				err = fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(lease.Keys), err)
+				err = fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(lock.Keys), err)
 			}
 			return failed(err)
 		}
-		lease.Attempts++
+		lock.Attempts++
 		switch out {
 		case granted:
-			lease.Waited = c.clock.now().Sub(start)
+			lock.Waited = c.clock.now().Sub(start)
 			if ev.on() {
-				ev.emit(Event{Kind: Acquired, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: lease.Waited})
+				ev.emit(Event{Kind: Acquired, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: lock.Waited})
 			}
 			return nil
 		case standby:
 			if ev.on() {
-				ev.emit(Event{Kind: StandbyRefused, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+				ev.emit(Event{Kind: StandbyRefused, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 			}
-			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lease.Keys))
+			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lock.Keys))
 		}
 		if ev.on() {
-			ev.emit(Event{Kind: Busy, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+			ev.emit(Event{Kind: Busy, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 		}
 		if c.headWait && t != nil {
 			t.markBusy(c.clock.now())
 		}
 		if c.mode == tryOnce {
 			if ev.on() {
-				ev.emit(Event{Kind: Skipped, Keys: lease.Keys, Shared: lease.Shared, CallerTx: c.inTx, Attempts: lease.Attempts, Waited: c.clock.now().Sub(start)})
+				ev.emit(Event{Kind: Skipped, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 			}
 			return errBusy
 		}
-		d := c.pause(lease.Attempts)
+		d := c.pause(lock.Attempts)
 		if d < 0 {
 			return timeout()
 		}

@@ -423,8 +423,8 @@ func TestWaitAttemptErrors(t *testing.T) {
 				clk.advance(time.Second)
 				return busy, tc.err
 			})
-			lease := Lease{Keys: testKeys}
-			err := c.wait(context.Background(), &lease, a, nil)
+			lock := Lock{Keys: testKeys}
+			err := c.wait(context.Background(), &lock, a, nil)
 			assert.Equal(t, tc.timeout, errors.Is(err, ErrLockTimeout), "%v", err)
 			if !tc.timeout {
 				assert.ErrorIs(t, err, tc.err)
@@ -484,10 +484,10 @@ func TestWaitServerWaitQueueing(t *testing.T) {
 			clk.advance(b.window)
 			return busy, nil
 		})
-		lease := Lease{Keys: testKeys}
+		lock := Lock{Keys: testKeys}
 		rec := &recordingAttempter{a: a}
 		tk := newTicket(new(int), true)
-		err := c.wait(context.Background(), &lease, rec, tk)
+		err := c.wait(context.Background(), &lock, rec, tk)
 		tk.leave()
 		var te *LockTimeoutError
 		require.ErrorAs(t, err, &te)
@@ -727,12 +727,12 @@ func TestWaitTurnThenAttemptAtOnce(t *testing.T) {
 	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: time.Hour}), WithTimeout(2*time.Hour))
 	a := &fakeLock{name: "a", srv: srv, onBusy: sync.OnceFunc(func() { srv.release("outsider") })}
 	tk := newTicket(new(int), false)
-	lease := Lease{Keys: testKeys}
-	err := c.wait(context.Background(), &lease, a, tk)
+	lock := Lock{Keys: testKeys}
+	err := c.wait(context.Background(), &lock, a, tk)
 	tk.leave()
 	require.NoError(t, err)
-	assert.Equal(t, 2, lease.Attempts)
-	assert.Zero(t, lease.Waited, "no sleep between the turn and the attempt")
+	assert.Equal(t, 2, lock.Attempts)
+	assert.Zero(t, lock.Waited, "no sleep between the turn and the attempt")
 	assert.Zero(t, QueueRefs())
 }
 
@@ -761,7 +761,7 @@ type failOpenLock struct {
 
 func (f *failOpenLock) holdUnlocked(_ context.Context, st *lockState) error {
 	f.refs = append(f.refs, QueueRefs())
-	f.held = st.lease.Held
+	f.held = st.lock.Held
 	return nil
 }
 
@@ -813,11 +813,11 @@ func TestWaitHeadWindow(t *testing.T) {
 				}
 			}}}
 			tk := newTicket(new(int), false)
-			lease := Lease{Keys: testKeys}
+			lock := Lock{Keys: testKeys}
 			if tc.keys != nil {
-				lease.Keys = tc.keys
+				lock.Keys = tc.keys
 			}
-			err := c.wait(context.Background(), &lease, a, tk)
+			err := c.wait(context.Background(), &lock, a, tk)
 			tk.leave()
 			require.NoError(t, err)
 			var windows []time.Duration

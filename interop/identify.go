@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgident"
 )
 
 // Hints tells Identify what to try: the keys of most tools depend on names
@@ -87,7 +88,7 @@ func identifyInt64(n int64, h Hints) (Match, bool) {
 	}
 	for _, t := range tables(h.FlywayTables, FlywayTable) {
 		if is(Flyway(t[0], t[1])) {
-			return Match{ToolFlyway, fmt.Sprintf("Flyway: lock of schema history table %s.%s", quoteIdent(t[0]), quoteIdent(t[1]))}, true
+			return Match{ToolFlyway, fmt.Sprintf("Flyway: lock of schema history table %s.%s", pgident.Quote(t[0]), pgident.Quote(t[1]))}, true
 		}
 	}
 	for _, name := range h.Names {

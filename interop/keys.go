@@ -12,6 +12,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgident"
 )
 
 // bad reports whether name has no counterpart in the tool: it is not valid
@@ -292,10 +293,8 @@ func Flyway(schema, table string) txlock.Key {
 			return invalid(a.what, a.s)
 		}
 	}
-	return txlock.Int64Key(flywayMagic + int64(javaHashCode(quoteIdent(schema)+"."+quoteIdent(table))))
+	return txlock.Int64Key(flywayMagic + int64(javaHashCode(pgident.Quote(schema)+"."+pgident.Quote(table))))
 }
-
-func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
 // javaHashCode is Java's String.hashCode: s[0]*31^(n-1) + … + s[n-1] over
 // the UTF-16 code units of s, in int arithmetic.

@@ -282,7 +282,7 @@ func (a *acquirer) run(ctx, fnCtx context.Context, st seam.State, pc *pgxpool.Co
 	if fnErr != nil {
 		err := a.end(ctx, tx)
 		if errors.Is(err, pgx.ErrTxClosed) {
-			return errors.Join(fnErr, txlock.ErrTxDone)
+			return errors.Join(fnErr, txlock.ErrFnEndedTx)
 		}
 		if errors.Is(fnErr, txlock.ErrHoldTimeout) {
 			return fnErr
@@ -299,7 +299,7 @@ func (a *acquirer) run(ctx, fnCtx context.Context, st seam.State, pc *pgxpool.Co
 	}
 	if fnCtx.Err() != nil {
 		if err := a.end(ctx, tx); errors.Is(err, pgx.ErrTxClosed) {
-			return txlock.ErrTxDone
+			return txlock.ErrFnEndedTx
 		}
 		cause := context.Cause(fnCtx)
 		if errors.Is(cause, txlock.ErrHoldTimeout) {
@@ -310,7 +310,7 @@ func (a *acquirer) run(ctx, fnCtx context.Context, st seam.State, pc *pgxpool.Co
 	if err := tx.Commit(fnCtx); err != nil {
 		switch {
 		case errors.Is(err, pgx.ErrTxClosed):
-			return txlock.ErrTxDone
+			return txlock.ErrFnEndedTx
 		case errors.Is(err, pgx.ErrTxCommitRollback):
 			return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", txlock.ErrCommitFailed, err)
 		case fnCtx.Err() != nil:

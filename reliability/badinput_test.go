@@ -199,20 +199,20 @@ func badCases() []badCase {
 				_ = e.fn(ctx, tx)
 				return tx.Commit()
 			})
-		}, is: []error{txlock.ErrTxDone}, msg: "fn ended the lock's transaction itself"},
+		}, is: []error{txlock.ErrFnEndedTx}, msg: "fn ended the lock's transaction itself"},
 		{name: "fn rolls back", fnRan: true, call: func(t *testing.T, e *badEnv) error {
 			return txlock.WithLock(ctx, e.db, e.key, func(ctx context.Context, tx *sql.Tx) error {
 				_ = e.fn(ctx, tx)
 				return tx.Rollback()
 			})
-		}, is: []error{txlock.ErrTxDone}, msg: "fn ended the lock's transaction itself"},
+		}, is: []error{txlock.ErrFnEndedTx}, msg: "fn ended the lock's transaction itself"},
 		{name: "fn rolls back and fails", fnRan: true, call: func(t *testing.T, e *badEnv) error {
 			return txlock.WithLock(ctx, e.db, e.key, func(ctx context.Context, tx *sql.Tx) error {
 				_ = e.fn(ctx, tx)
 				_ = tx.Rollback()
 				return errSentinel
 			})
-		}, is: []error{txlock.ErrTxDone, errSentinel}, msg: "sentinel"},
+		}, is: []error{txlock.ErrFnEndedTx, errSentinel}, msg: "sentinel"},
 		{name: "fn panics with nil", fnRan: true, call: func(t *testing.T, e *badEnv) error {
 			return recovered(func() {
 				_ = txlock.WithLock(ctx, e.db, e.key, func(ctx context.Context, tx *sql.Tx) error {
@@ -300,7 +300,7 @@ func TestBadInputLeavesNothingBehind(t *testing.T) {
 			assert.Equal(t, tc.fnRan, env.ran, "whether fn ran")
 			var rows int
 			require.NoError(t, admin.QueryRow(`SELECT count(*) FROM `+env.table).Scan(&rows))
-			if err != nil && !errors.Is(err, txlock.ErrTxDone) || tc.name == "fn rolls back" {
+			if err != nil && !errors.Is(err, txlock.ErrFnEndedTx) || tc.name == "fn rolls back" {
 				assert.Zero(t, rows, "a failed call must leave nothing written")
 			}
 			// Nothing held, nothing in use, nothing running.

@@ -186,8 +186,8 @@ func TestSqlxLocalQueue(t *testing.T) {
 	const callers = 8
 	attempts := make(chan int, callers)
 	record := func(ctx context.Context) {
-		lease, _ := txlock.LeaseFromContext(ctx)
-		attempts <- lease.Attempts
+		lock, _ := txlock.LockFromContext(ctx)
+		attempts <- lock.Attempts
 	}
 	opts := []txlock.Option{txlock.WithRetry(txlock.ConstantBackoff{Interval: 5 * time.Millisecond}), txlock.WithTimeout(20 * time.Second)}
 	var wg sync.WaitGroup

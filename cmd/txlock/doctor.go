@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgident"
 )
 
 const doctorAbout = `Check that the database is fit for txlock, and print a check mark, or a
@@ -265,7 +266,7 @@ func (d *doctor) version(ctx context.Context) {
 func (d *doctor) fenceSequence(ctx context.Context) {
 	const name = "fence sequence"
 	schema, seq := d.fenceSQ[0], d.fenceSQ[1]
-	q := quoteIdent(schema) + "." + quoteIdent(seq)
+	q := pgident.QuoteIfNeeded(schema) + "." + pgident.QuoteIfNeeded(seq)
 	fencer := "txlock.Fencer{}"
 	if schema != txlock.DefaultFenceSchema || seq != txlock.DefaultFenceSequence {
 		fencer = fmt.Sprintf("txlock.Fencer{Schema: %q, Sequence: %q}", schema, seq)
@@ -293,7 +294,7 @@ func (d *doctor) fenceSequence(ctx context.Context) {
 	case typ != "bigint":
 		d.fail(name, "ALTER SEQUENCE "+q+" AS bigint", "%s is %s, not bigint: it runs out sooner than tokens should", q, typ)
 	case !usable:
-		d.fail(name, "GRANT USAGE ON SEQUENCE "+q+" TO "+quoteIdent(d.info.user), "%q may not draw from %s (no USAGE or UPDATE privilege)", d.info.user, q)
+		d.fail(name, "GRANT USAGE ON SEQUENCE "+q+" TO "+pgident.QuoteIfNeeded(d.info.user), "%q may not draw from %s (no USAGE or UPDATE privilege)", d.info.user, q)
 	default:
 		d.pass(name, "%s: bigint, CACHE 1, NO CYCLE, usable by %q", q, d.info.user)
 	}
@@ -504,24 +505,10 @@ func round(d time.Duration) time.Duration {
 	return d.Round(time.Millisecond)
 }
 
-// quoteIdent quotes s as a PostgreSQL identifier when it needs it.
-func quoteIdent(s string) string {
-	plain := s != ""
-	for i, r := range s {
-		if !(r == '_' || 'a' <= r && r <= 'z' || i > 0 && '0' <= r && r <= '9') {
-			plain = false
-		}
-	}
-	if plain {
-		return s
-	}
-	return `"` + strings.ReplaceAll(s, `"`, `""`) + `"`
-}
-
 func quoteAll(ss []string) []string {
 	out := make([]string, len(ss))
 	for i, s := range ss {
-		out[i] = quoteIdent(s)
+		out[i] = pgident.QuoteIfNeeded(s)
 	}
 	return out
 }

@@ -180,3 +180,80 @@ func (l *Ledger) Check(t testing.TB, db *sql.DB) (n, overlaps int) {
 		ON a.id < b.id AND a.enter < b.exit AND b.enter < a.exit`).Scan(&overlaps))
 	return n, overlaps
 }
+
+// A Drawer takes key through one of the drivers, with WithFencing if
+// fencing, and runs body inside fn with fn's context: the suites' adapter to
+// DrawingHolders and FullPoolDraws.
+type Drawer func(ctx context.Context, key txlock.Key, fencing bool, body func(ctx context.Context) error) error
+
+// DrawingHolders runs n holders on keys of their own, iters calls each,
+// every call with WithFencing and a 10 s deadline, each drawing a fencing
+// token: on a pool of n connections, every draw must succeed. It returns
+// the calls' errors.
+func DrawingHolders(t testing.TB, n, iters int, lock Drawer) []error {
+	errs := make(chan error, n*iters)
+	var wg sync.WaitGroup
+	for w := range n {
+		key := txlock.StringKey(fmt.Sprintf("%s/%d", Uniq(t), w))
+		wg.Go(func() {
+			for range iters {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				errs <- lock(ctx, key, true, func(ctx context.Context) error {
+					_, err := txlock.FenceToken(ctx)
+					return err
+				})
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var out []error
+	for err := range errs {
+		if err != nil {
+			out = append(out, err)
+		}
+	}
+	return out
+}
+
+// FullPoolDraws runs n holders on keys of their own, without WithFencing:
+// each takes its lock, waits until all n hold theirs (a pool of n is then
+// full), draws a token, and keeps its lock until all have drawn. It checks
+// that every draw failed at once (within 10 s of a minute's deadline) with
+// ErrNoToken, naming WithFencing.
+func FullPoolDraws(t *testing.T, n int, lock Drawer) {
+	var in, drew sync.WaitGroup
+	in.Add(n)
+	drew.Add(n)
+	errs := make(chan error, n)
+	took := make(chan time.Duration, n)
+	var wg sync.WaitGroup
+	for w := range n {
+		key := txlock.StringKey(fmt.Sprintf("%s/%d", Uniq(t), w))
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			errs <- lock(ctx, key, false, func(ctx context.Context) error {
+				in.Done()
+				in.Wait()
+				start := time.Now()
+				_, err := txlock.FenceToken(ctx)
+				took <- time.Since(start)
+				drew.Done()
+				drew.Wait()
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	close(took)
+	for err := range errs {
+		require.ErrorIs(t, err, txlock.ErrNoToken)
+		assert.ErrorContains(t, err, "txlock.WithFencing()")
+	}
+	for d := range took {
+		assert.Less(t, d, 10*time.Second, "a draw waited for a connection")
+	}
+}

@@ -147,7 +147,7 @@ const (
 	ClassLockTimeout = "lock-timeout"    // errors.Is(err, txlock.ErrLockTimeout)
 	ClassHoldTimeout = "hold-timeout"    // errors.Is(err, txlock.ErrHoldTimeout)
 	ClassStandby     = "standby"         // errors.Is(err, txlock.ErrStandby)
-	ClassTxDone      = "tx-done"         // errors.Is(err, txlock.ErrTxDone)
+	ClassTxDone      = "tx-done"         // errors.Is(err, txlock.ErrFnEndedTx)
 	ClassShutdown    = "server-shutdown" // SQLSTATE 57P01, 57P02 or 57P03: terminated, crashed, or starting up / shutting down
 	ClassIdleTimeout = "idle-timeout"    // SQLSTATE 25P03: idle_in_transaction_session_timeout
 	ClassDeadlock    = "deadlock"        // SQLSTATE 40P01
@@ -172,7 +172,7 @@ func Classify(err error) string {
 		return ClassLockTimeout
 	case errors.Is(err, txlock.ErrStandby):
 		return ClassStandby
-	case errors.Is(err, txlock.ErrTxDone):
+	case errors.Is(err, txlock.ErrFnEndedTx):
 		return ClassTxDone
 	}
 	switch state := txlock.SQLState(err); {

@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,133 +16,6 @@ import (
 // WithLock call (the same wait loop, attempter and local queue), then held
 // by a Term, whose goroutine sends the heartbeats and ends the term when one
 // fails or none succeeds for the TTL.
-
-// Defaults of a Heartbeat's zero fields.
-const (
-	// DefaultHeartbeatInterval is the time between a term's heartbeats.
-	DefaultHeartbeatInterval = time.Second
-	// DefaultHeartbeatTTLIntervals is how many intervals a term survives
-	// without a successful heartbeat: its TTL is 3 intervals (3s by
-	// default).
-	DefaultHeartbeatTTLIntervals = 3
-)
-
-// Defaults of a campaign's polling: the RetryStrategy of AcquireTerm and
-// Lead without WithRetry is ExponentialBackoff{Min:
-// DefaultCampaignBackoffMin, Max: DefaultCampaignBackoffMax}. A campaign can
-// last for hours, so it polls less often than WithLock; a resigned term's
-// successor is elected within one poll of the candidates.
-const (
-	DefaultCampaignBackoffMin = 10 * time.Millisecond
-	DefaultCampaignBackoffMax = 500 * time.Millisecond
-)
-
-// Heartbeat configures how a term proves that it is alive (WithHeartbeat).
-// Its zero value means the defaults: a heartbeat every second, each bounded
-// by a second, and a TTL of three seconds.
-//
-// Every Interval the term runs a short statement (SELECT 1) on its
-// transaction, bounded by Timeout. One that fails (a terminated backend, a
-// dead server, a PgBouncer restart) or times out (a partition) ends the
-// term: its context is cancelled with a cause that matches ErrLockLost. A
-// heartbeat that times out closes its connection (pgx does so when a query's
-// context ends), so a term never survives one: keep Timeout well above the
-// pauses the machine can have (a loaded machine stalls for a second at
-// times), or such a pause ends a healthy term.
-//
-// The loss is detected, not foreseen: a lock that the server dropped (a
-// terminated backend, say) is noticed by the next heartbeat, up to
-// Interval+Timeout later, and meanwhile another session can be granted the
-// lock while this term's context is not yet cancelled. Two holders can
-// overlap for that window (within the TTL for a frozen holder), which is why
-// a write made outside the term's transaction must be fenced (Term.Token).
-//
-// TTL bounds a term on both sides. On the server,
-// idle_in_transaction_session_timeout is set to it for the term's
-// transaction: a holder that freezes (a stopped process, a stalled VM, a
-// partition) loses its session, and with it the lock, TTL after its last
-// heartbeat, and the next candidate is elected. On the client, a term
-// whose last successful heartbeat was sent TTL ago or more (less a
-// hundredth of the TTL, for clocks that run at slightly different rates)
-// counts as lost, even if its goroutine could not run meanwhile: the
-// term's context's own Done, Err and Value methods check, as do Held,
-// Term.Err and Term.Done, so a holder that was frozen for longer sees its
-// term ended as soon as it looks there. A context derived from the term's
-// with a cancel of its own (context.WithCancel, WithTimeout, an errgroup's)
-// does not check: it is cancelled only once something has noticed the
-// expiry (the heartbeat goroutine does when it next runs). Check Held(ctx)
-// or Term.Err right before each write outside the term, and fence it. The
-// client counts from the moment the heartbeat was sent, which is before
-// the server received it, so it gives up before the server does (on the
-// monotonic clock; a machine that is suspended as a whole may stop that
-// clock: fence the writes, see Term.Token).
-type Heartbeat struct {
-	// Interval is the time between heartbeats. Zero means
-	// DefaultHeartbeatInterval.
-	Interval time.Duration
-	// Timeout bounds each heartbeat statement. Zero means Interval. A
-	// heartbeat never waits past the term's local expiry, whatever Timeout
-	// says.
-	Timeout time.Duration
-	// TTL is how long a term survives without a successful heartbeat. Zero
-	// means DefaultHeartbeatTTLIntervals times Interval. It must be at
-	// least twice Interval: the session is idle for an interval between
-	// two heartbeats, and a late one must not end a healthy term. It must
-	// not exceed 2147483647ms (about 24.8 days), the largest
-	// idle_in_transaction_session_timeout the server accepts. Every pooler
-	// or proxy idle limit on the way (PgBouncer's idle_transaction_timeout)
-	// must exceed it.
-	TTL time.Duration
-}
-
-// withDefaults returns h with its zero fields set.
-func (h Heartbeat) withDefaults() Heartbeat {
-	if h.Interval == 0 {
-		h.Interval = DefaultHeartbeatInterval
-	}
-	if h.Timeout == 0 {
-		h.Timeout = h.Interval
-	}
-	if h.TTL == 0 {
-		h.TTL = DefaultHeartbeatTTLIntervals * h.Interval
-	}
-	return h
-}
-
-// Validate reports negative fields, and a TTL shorter than two intervals.
-func (h Heartbeat) Validate() error {
-	if h.Interval < 0 || h.Timeout < 0 || h.TTL < 0 {
-		return fmt.Errorf("txlock: Heartbeat fields must not be negative (Interval %v, Timeout %v, TTL %v)", h.Interval, h.Timeout, h.TTL)
-	}
-	d := h.withDefaults()
-	if d.TTL < 2*d.Interval {
-		return fmt.Errorf("txlock: Heartbeat TTL %v must be at least twice Interval %v: a session is idle for an interval between heartbeats, and the server ends it after TTL", d.TTL, d.Interval)
-	}
-	if d.TTL < time.Millisecond {
-		return fmt.Errorf("txlock: Heartbeat TTL %v is below the server's 1ms resolution", d.TTL)
-	}
-	if ceilMillis(d.TTL) > math.MaxInt32 {
-		return fmt.Errorf("txlock: Heartbeat TTL %v is above 2147483647ms (about 24.8 days), the largest idle_in_transaction_session_timeout the server accepts: the server would end the session before the TTL", d.TTL)
-	}
-	return nil
-}
-
-// localTTL is how long after its last successful heartbeat was sent the
-// client counts a term as lost: the TTL less a hundredth, so that a client
-// clock that runs a little slower than the server's still gives up first.
-func (h Heartbeat) localTTL() time.Duration { return h.TTL - h.TTL/100 }
-
-// WithHeartbeat sets the heartbeat of a term (AcquireTerm, TryAcquireTerm,
-// Lead): see Heartbeat. Other calls refuse it.
-func WithHeartbeat(h Heartbeat) Option {
-	return func(c *config) {
-		if err := h.Validate(); err != nil {
-			c.fail("%s", trimPrefix(err))
-		}
-		c.heartbeat = h
-		c.onlyTerm = append(c.onlyTerm, "WithHeartbeat")
-	}
-}
 
 // WithTermFencer sets the Fencer a term draws its fencing token from (the
 // zero Fencer's sequence without it). Other calls refuse it; inside
@@ -199,7 +70,7 @@ type Term struct {
 	c  config
 	a  ownTx
 	q  ticket
-	st lockState   // Context(): the lease, db, tx, and the fencing token
+	st lockState   // Context(): the lock, db, tx, and the fencing token
 	tc termContext // st's Context
 	hb Heartbeat
 
@@ -339,7 +210,7 @@ func TryAcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (
 //	}
 //
 // Inside fn, ctx is also a txlock fn context: FenceToken(ctx) returns the
-// term's token, and LeaseFromContext and Held describe the term.
+// term's token, and LockFromContext and Held describe the term.
 func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
 	if fn == nil {
 		return fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
@@ -368,276 +239,6 @@ func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context
 		return fnErr
 	}
 	return relErr
-}
-
-// acquireTerm validates the call, campaigns, and starts the term.
-func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try bool) (*Term, error) {
-	t := &Term{key: key}
-	c, a := &t.c, &t.a
-	all := make([]Option, 0, len(opts)+1)
-	all = append(append(all, asTerm), opts...)
-	if err := c.init(all, false); err != nil {
-		return nil, err
-	}
-	if err := c.termOptions(); err != nil {
-		return nil, err
-	}
-	if nilDB(db) {
-		return nil, fmt.Errorf("%w: db is nil", ErrInvalidArgument)
-	}
-	if err := key.Err(); err != nil {
-		return nil, err
-	}
-	t.hb = c.heartbeat.withDefaults()
-	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
-	c.ev.start(ctx)
-	var q *ticket
-	if try {
-		c.mode = tryOnce
-	} else if h := queueHandle(db); h != nil {
-		q = &t.q
-		q.key = queueKey{handle: h, stmt: a.stmt}
-		a.pool, _ = h.(*sql.DB)
-	}
-	st := &t.st
-	st.lease = Lease{Keys: a.keys, Held: true}
-	if c.ev.on() {
-		st.ev = &c.ev
-	}
-	if c.fencing {
-		// The term's start draws its token: set the draw's connection
-		// aside while the campaign holds nothing (see WithFencing).
-		d, err := reserveFor(ctx, c, a)
-		if err != nil {
-			return nil, err
-		}
-		defer func() { st.draw = nil; d.release() }()
-		st.draw = d
-	}
-	ta := termAttempter{a: a}
-	err := c.wait(ctx, &st.lease, &ta, q)
-	if err != nil {
-		if q != nil {
-			q.leave()
-		}
-		if try && errors.Is(err, errBusy) {
-			return nil, nil
-		}
-		return nil, err
-	}
-	if q != nil && !q.entered() {
-		// The lock was granted at the first attempt, before the call
-		// queued: take the turn now if nobody of this process has it, so
-		// that candidates of this process wait in the queue, without
-		// polling, for as long as the term lasts. (enter with an ended
-		// context never waits.)
-		q.enter(endedCtx)
-	}
-	t.queued = q != nil
-	t.start = ta.sent
-	if c.ev.on() {
-		st.grantedAt = a.h.grantedAt
-	}
-	if err := t.begin(ctx); err != nil {
-		t.finish(ctx, err)
-		return nil, err
-	}
-	t.stop, t.beatDone = make(chan struct{}), make(chan struct{})
-	t.begun.Store(true)
-	go t.beat()
-	return t, nil
-}
-
-// termOptions refuses the options that do not apply to a term, and sets the
-// term's transaction options.
-func (c *config) termOptions() error {
-	var errs []error
-	for _, r := range c.termRefusals() {
-		err := fmt.Errorf("%w: %s", ErrInvalidArgument, r.why)
-		if slices.Contains(c.fromNew, r.name) {
-			err = fmt.Errorf("%w (%s was given to New, which sets it for every call of the Locker: build a Locker without it for terms)", err, r.name)
-		}
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	// Read committed whatever the server's default_transaction_isolation
-	// says, and read only: the term's transaction makes no writes.
-	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
-	return nil
-}
-
-// termRefusal is an option that a term refuses: its name, and the error's
-// text.
-type termRefusal struct{ name, why string }
-
-// termRefusals lists the options set in c that a term refuses.
-func (c *config) termRefusals() []termRefusal {
-	var r []termRefusal
-	refuse := func(name, why string) {
-		r = append(r, termRefusal{name, name + " does not apply to a term: " + why})
-	}
-	if c.shared {
-		refuse("WithShared", "a term is exclusive")
-	}
-	if c.serverWait != nil {
-		refuse("WithServerWait", "its waiter holds a connection, and a candidate must hold none while it waits")
-	}
-	if c.maxHold > 0 {
-		refuse("WithMaxHold", "a term lasts as long as its heartbeats succeed; bound a frozen holder with WithHeartbeat's TTL")
-	}
-	if c.failOpen {
-		refuse("WithFailOpen", "a term without the lock would be no term")
-	}
-	if c.serialSet {
-		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
-	}
-	switch o := c.txOpts; {
-	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:
-	case o.Isolation < sql.LevelReadCommitted:
-		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a term's transaction is always begun READ COMMITTED; leave the option out, or ask for ReadCommitted", o.Isolation)})
-	default:
-		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", o.Isolation)})
-	}
-	return r
-}
-
-// fromLocker comes between a Locker's options and a call's in the Locker's
-// term methods: it records which of the options a term refuses the
-// Locker's New set, so that the error says where they came from.
-func fromLocker(c *config) {
-	for _, r := range c.termRefusals() {
-		c.fromNew = append(c.fromNew, r.name)
-	}
-}
-
-// endedCtx is a context that has ended.
-var endedCtx = func() context.Context {
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	return ctx
-}()
-
-// termAttempter is a term's attempter: ownTx's attempts, and the time the
-// last one began, from which the term's expiry counts.
-type termAttempter struct {
-	a    *ownTx
-	sent time.Time
-}
-
-func (ta *termAttempter) attempt(ctx context.Context, b bound) (outcome, error) {
-	ta.sent = time.Now()
-	return ta.a.attempt(ctx, b)
-}
-
-// begin sets up the granted term: its context, and its fencing token.
-func (t *Term) begin(ctx context.Context) error {
-	h := &t.a.h
-	// The term's context answers Value lookups through the context the
-	// Observer returned for Acquired (a hold span, say), and ends with the
-	// transaction's.
-	parent := ctx
-	if t.c.ev.on() && t.c.ev.ctx != nil {
-		parent = t.c.ev.ctx
-	}
-	base, cancel := context.WithCancelCause(parent)
-	t.cancel = cancel
-	txCtx := h.txCtx
-	t.stopTie = context.AfterFunc(txCtx, func() { cancel(context.Cause(txCtx)) })
-	t.tc = termContext{Context: base, t: t}
-	st := &t.st
-	st.Context, st.db, st.tx = &t.tc, t.a.db, h.tx
-	// No heartbeat runs yet, and the draw may wait for a free connection
-	// of the pool: a watchdog ends the term at its local expiry, which
-	// cancels what is in flight, and is set again for the new expiry once
-	// the token's check has proved the lock alive.
-	var watchMu sync.Mutex
-	watching := true
-	var watchdog *time.Timer
-	watchMu.Lock()
-	watchdog = time.AfterFunc(t.hb.localTTL()-t.since(), func() {
-		t.checkExpiry()
-		watchMu.Lock()
-		defer watchMu.Unlock()
-		if watching && !t.losing.Load() {
-			watchdog.Reset(t.hb.localTTL() - (t.since() - time.Duration(t.lastOK.Load())))
-		}
-	})
-	watchMu.Unlock()
-	stopWatching := func() {
-		watchMu.Lock()
-		defer watchMu.Unlock()
-		watching = false
-		watchdog.Stop()
-	}
-	defer stopWatching()
-	// ended explains an error that came as the term's context ended (the
-	// watchdog, or ctx): with the cause first, which errors.Is finds.
-	ended := func(what string, err error) error {
-		if base.Err() == nil {
-			return nil
-		}
-		return fmt.Errorf("%w (%s: %w)", context.Cause(base), what, err)
-	}
-	drawn := t.since()
-	seq, err := t.c.fencer.sequence()
-	if err != nil {
-		return err
-	}
-	token, err := drawToken(st, st, seq)
-	if err != nil {
-		if e := ended("drawing the fencing token", err); e != nil {
-			return e
-		}
-		if SQLState(err) == "42P01" {
-			err = fmt.Errorf("%w (create the sequence with Fencer.CreateSequence, or migrations/0001_txlock_fence_seq.sql)", err)
-		}
-		return fmt.Errorf("txlock: term of %s: %w", t.key, err)
-	}
-	t.token.Store(token)
-	// The token's check ran on the term's transaction after drawn. The
-	// first heartbeat follows at once, rather than an interval later.
-	t.lastOK.Store(int64(drawn))
-	sent := t.since()
-	if _, err := h.tx.ExecContext(st, heartbeatStatement); err != nil {
-		if e := ended("the first heartbeat", err); e != nil {
-			return e
-		}
-		return fmt.Errorf("%w: term of %s (token %d): the first heartbeat failed: %w", ErrLockLost, t.key, token, err)
-	}
-	t.lastOK.Store(int64(sent))
-	stopWatching()
-	if base.Err() != nil {
-		// The watchdog fired, or ctx ended, as the heartbeat returned.
-		return context.Cause(base)
-	}
-	return nil
-}
-
-// since is the time since the lock statement was sent, on the monotonic
-// clock.
-func (t *Term) since() time.Duration { return time.Since(t.start) }
-
-// checkExpiry ends the term as lost if its last successful heartbeat was
-// sent localTTL ago or more.
-func (t *Term) checkExpiry() {
-	if t.tc.Context.Err() != nil {
-		// Already cancelled. (Not t.losing: another goroutine may have
-		// set it and not yet cancelled, and this caller, which reads the
-		// context next, must find it cancelled.)
-		return
-	}
-	now := t.since()
-	last := time.Duration(t.lastOK.Load())
-	if now-last < t.hb.localTTL() {
-		return
-	}
-	if !t.begun.Load() {
-		t.lose(fmt.Errorf("%w: term of %s: its start (drawing the fencing token, on a free connection of the pool, and the first heartbeat) took %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, now.Round(time.Millisecond), t.hb.TTL))
-		return
-	}
-	t.lose(fmt.Errorf("%w: term of %s (token %d): no heartbeat succeeded for %v, past the TTL of %v, after which the server ends the session", ErrLockLost, t.key, t.token.Load(), (now - last).Round(time.Millisecond), t.hb.TTL))
 }
 
 // termOf returns the term whose context st is, or nil for a WithLock fn's.
@@ -672,47 +273,6 @@ func (t *Term) fenceToken(seq string) (int64, error) {
 func (t *Term) lose(err error) {
 	t.losing.Store(true)
 	t.cancel(err)
-}
-
-// beat is the term's heartbeat goroutine: it runs the heartbeats, and ends
-// the term when its context ends (a loss, or the caller's context), or
-// returns when Release asks, which then ends the term itself.
-func (t *Term) beat() {
-	defer close(t.beatDone)
-	base := t.tc.Context
-	timer := time.NewTimer(t.hb.Interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-t.stop:
-			return
-		case <-base.Done():
-			select {
-			case <-t.stop: // Release ends the term, with its own ctx
-			default:
-				t.finish(context.Background(), context.Cause(base))
-			}
-			return
-		case <-timer.C:
-		}
-		sent := t.since()
-		left := t.hb.localTTL() - (sent - time.Duration(t.lastOK.Load()))
-		if left <= 0 {
-			t.checkExpiry()
-			continue
-		}
-		hctx, cancel := context.WithTimeout(base, min(t.hb.Timeout, left))
-		_, err := t.st.tx.ExecContext(hctx, heartbeatStatement)
-		cancel()
-		if err != nil {
-			if base.Err() == nil {
-				t.lose(fmt.Errorf("%w: term of %s (token %d): heartbeat failed after %v: %w", ErrLockLost, t.key, t.token.Load(), (t.since() - sent).Round(time.Millisecond), err))
-			}
-			continue
-		}
-		t.lastOK.Store(int64(sent))
-		timer.Reset(t.hb.Interval)
-	}
 }
 
 // finish ends the term, once: cancels its context with cause (a context
@@ -783,7 +343,7 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 		t.q.leave()
 	}
 	if st.ev != nil {
-		e := Event{Keys: st.lease.Keys, Attempts: st.lease.Attempts, Waited: st.lease.Waited, Held: t.c.clock.now().Sub(st.grantedAt), Token: t.token.Load()}
+		e := Event{Keys: st.lock.Keys, Attempts: st.lock.Attempts, Waited: st.lock.Waited, Held: t.c.clock.now().Sub(st.grantedAt), Token: t.token.Load()}
 		if t.begun.Load() && errors.Is(cause, ErrLockLost) {
 			// Only a term that AcquireTerm returned can be lost: one whose
 			// start failed is reported by Released, with the error.
@@ -819,7 +379,7 @@ func (t *Term) Token() int64 { return t.token.Load() }
 // then says why: an error matching ErrLockLost, or ErrTermReleased, or the
 // cause of the context given to AcquireTerm. It is also a txlock fn
 // context: FenceToken returns the term's token from it (a Fencer whose
-// sequence is not the term's gets ErrNoToken), LeaseFromContext and Held
+// sequence is not the term's gets ErrNoToken), LockFromContext and Held
 // describe the term. Held checks the term's local expiry on contexts
 // derived from this one too; their own Err and Done do not (see Heartbeat).
 func (t *Term) Context() context.Context { return &t.st }

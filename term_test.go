@@ -20,7 +20,7 @@ import (
 
 // Terms (AcquireTerm, TryAcquireTerm, Lead) against the real server: what a
 // term holds and costs, how it ends, and what it refuses. The tests across
-// processes (exclusion, SIGSTOP) are in lease_process_test.go.
+// processes (exclusion, SIGSTOP) are in term_process_test.go.
 
 // fastBeat is the heartbeat of the tests that measure how a term ends: an
 // interval short enough to keep the tests quick, and a Timeout and a TTL
@@ -119,10 +119,10 @@ func TestTermHoldsAndReleases(t *testing.T) {
 			tok, err := txlock.FenceToken(term.Context())
 			require.NoError(t, err)
 			assert.Equal(t, term.Token(), tok, "FenceToken in the term's context is the term's token")
-			lease, ok := txlock.LeaseFromContext(term.Context())
+			lock, ok := txlock.LockFromContext(term.Context())
 			require.True(t, ok)
-			assert.Equal(t, []txlock.Key{key}, lease.Keys)
-			assert.Equal(t, 1, lease.Attempts)
+			assert.Equal(t, []txlock.Key{key}, lock.Keys)
+			assert.Equal(t, 1, lock.Attempts)
 
 			// Several heartbeats later the term still holds, and another
 			// candidate finds the lock busy.
