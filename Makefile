@@ -86,16 +86,21 @@ matrix:
 modules:
 	@$(call timed,modules,scripts/release.sh check)
 
+# Each module's dependencies as the workspace builds them, then what a
+# consumer of each published module needs (its own versions), so that the
+# publication check can build offline.
 download:
 	@for m in $(MODULES); do (cd $$m && go mod download) || exit 1; done
+	@(cd internal/release && GOWORK=off go mod download)
+	@scripts/release.sh warm
 
 # Each module tidied on its own go.mod, without go.work, against the
 # committed modules published at the release version into a temporary
 # proxy (the version exists nowhere else before it is tagged).
 tidy:
-	@proxy=$$(mktemp -d); scripts/release.sh proxy "$$proxy" >/dev/null || exit 1; \
+	@proxy=$$(mktemp -d); trap 'rm -rf "$$proxy"' EXIT; scripts/release.sh proxy "$$proxy" >/dev/null || exit 1; \
 	for m in $(MODULES) internal/release; do (cd $$m && GOWORK=off GONOSUMDB=github.com/txlock/txlock GOFLAGS=-mod=mod \
-		GOPROXY="file://$$proxy,$$(go env GOPROXY)" go mod tidy) || exit 1; done; rm -rf "$$proxy"
+		GOPROXY="file://$$proxy,$$(go env GOPROXY)" go mod tidy) || exit 1; done
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzPgLocksRoundTrip -fuzztime 30s .

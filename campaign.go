@@ -52,7 +52,7 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 	if c.fencing {
 		// The term's start draws its token: set the draw's connection
 		// aside while the campaign holds nothing (see WithFencing).
-		d, err := reserveFor(ctx, c, a)
+		d, err := reserveFor(ctx, c, a.keys, a)
 		if err != nil {
 			return nil, err
 		}

@@ -130,9 +130,12 @@
 //
 // ErrLockTimeout (a *LockTimeoutError with the keys, attempts and time
 // waited), ErrStandby, ErrFnEndedTx, ErrHoldTimeout, ErrCommitFailed,
-// ErrInvalidArgument, ErrInvalidKey, ErrNoToken, ErrStaleToken (a
-// *StaleTokenError), ErrRowNotFound, ErrLockLost, ErrTermReleased and
-// ErrKeyspaceClash (a *KeyspaceClashError) are matched with errors.Is. An error
+// ErrInvalidArgument, ErrInvalidKey, ErrLockTableFull, ErrNoToken,
+// ErrStaleToken (a *StaleTokenError), ErrRowNotFound, ErrLockLost,
+// ErrTermReleased and ErrKeyspaceClash (a *KeyspaceClashError) are matched
+// with errors.Is; a wait its context cancelled is a *CanceledError, which
+// matches context.Canceled and not ErrLockTimeout (see LockTimeoutError for
+// the rule). An error
 // from fn is returned so that errors.Is and errors.As find it: as it is, or
 // joined with ErrFnEndedTx or ErrHoldTimeout when fn also ended the transaction
 // or outlived WithMaxHold (see WithLock). SQLState reads a PostgreSQL error

@@ -6,7 +6,9 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
+	"strings"
 	"sync"
+	"time"
 )
 
 // This file is where fencing tokens are drawn: on a connection of the lock's
@@ -35,13 +37,20 @@ type drawConn interface {
 }
 
 // A drawer is a pool's draw connection, shared by the calls of this process
-// that set it aside (WithFencing). Its zero value has no connection.
+// that set it aside (WithFencing).
+//
+// Nothing waits for a connection of the pool while it holds the drawer: a
+// call sets the connection aside (opens it) before it takes its lock, and a
+// draw that finds none open (a draw on it failed, and closed it) does not
+// wait for one, but draws as a call without WithFencing does.
 type drawer struct {
 	handle any // the pool, as queueHandle names it
 	refs   int // calls that hold the reservation; guarded by drawers
 
-	mu   sync.Mutex // one draw, or one opening, at a time
-	conn drawConn   // nil until opened, and after a draw on it failed
+	mu      sync.Mutex    // guards conn and opening; never held across I/O
+	conn    drawConn      // nil until opened, and after a draw on it failed
+	opening chan struct{} // closed when the opening under way ends; nil when none is
+	use     chan struct{} // holds one token while a draw uses conn
 }
 
 // drawers are the pools' drawers, while some call holds a reservation.
@@ -49,6 +58,14 @@ var drawers = struct {
 	sync.Mutex
 	m map[any]*drawer
 }{m: map[any]*drawer{}}
+
+// drawTimeout bounds one draw on a drawer's connection. The draw runs
+// detached from its caller's cancellation, so that a holder that gives up
+// (its fn's context ends) does not break the connection every holder shares
+// (a driver closes a connection whose statement a context cuts off); a
+// draw that takes longer than this (a synchronous commit whose standby is
+// gone) is cut off, and the connection with it.
+const drawTimeout = 10 * time.Second
 
 // reserveDraw sets aside a connection of the pool handle for draws, opening
 // it with open unless one is set aside already, and returns the drawer;
@@ -58,33 +75,51 @@ func reserveDraw(ctx context.Context, handle any, open func(context.Context) (dr
 	drawers.Lock()
 	d := drawers.m[handle]
 	if d == nil {
-		d = &drawer{handle: handle}
+		d = &drawer{handle: handle, use: make(chan struct{}, 1)}
 		drawers.m[handle] = d
 	}
 	d.refs++
 	drawers.Unlock()
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.conn == nil {
+	for {
+		d.mu.Lock()
+		if d.conn != nil {
+			d.mu.Unlock()
+			return d, nil
+		}
+		if ch := d.opening; ch != nil {
+			// Another call is opening it: wait for that.
+			d.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				d.release()
+				return nil, fmt.Errorf("txlock: setting a connection aside for fencing tokens (WithFencing): %w", context.Cause(ctx))
+			}
+		}
+		ch := make(chan struct{})
+		d.opening = ch
+		d.mu.Unlock()
 		c, err := open(ctx)
+		d.mu.Lock()
+		d.opening = nil
+		if err == nil {
+			d.conn = c
+		}
+		d.mu.Unlock()
+		close(ch)
 		if err != nil {
-			d.releaseLocked()
+			d.release()
 			return nil, fmt.Errorf("txlock: setting a connection aside for fencing tokens (WithFencing): %w", err)
 		}
-		d.conn = c
+		return d, nil
 	}
-	return d, nil
 }
 
 // release ends one call's reservation; the last one gives the connection
-// back to its pool.
+// back to its pool, once a draw still using it (a goroutine of a fn that
+// has returned) has ended.
 func (d *drawer) release() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.releaseLocked()
-}
-
-func (d *drawer) releaseLocked() {
 	drawers.Lock()
 	d.refs--
 	last := d.refs == 0
@@ -92,29 +127,79 @@ func (d *drawer) releaseLocked() {
 		delete(drawers.m, d.handle)
 	}
 	drawers.Unlock()
-	if last && d.conn != nil {
-		d.conn.close()
-		d.conn = nil
+	if !last {
+		return
+	}
+	d.use <- struct{}{}
+	d.mu.Lock()
+	c := d.conn
+	d.conn = nil
+	d.mu.Unlock()
+	if c != nil {
+		c.close()
+	}
+	<-d.use
+}
+
+// draw runs a draw on the drawer's connection, one at a time. It reports
+// false when there is none open: the caller then draws as a call without
+// WithFencing does. ctx bounds the wait for the connection and for the
+// draw's answer; the draw itself is bounded by drawTimeout (see there).
+func (d *drawer) draw(ctx context.Context, query string, dest ...any) (bool, error) {
+	select {
+	case d.use <- struct{}{}:
+	case <-ctx.Done():
+		return true, fmt.Errorf("waiting for the connection set aside for draws: %w", context.Cause(ctx))
+	}
+	d.mu.Lock()
+	c := d.conn
+	d.mu.Unlock()
+	if c == nil {
+		<-d.use
+		return false, nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drawTimeout)
+		err := c.drawRow(dctx, query, dest...)
+		cancel()
+		if connBroken(err) {
+			// The next call that reserves opens another.
+			d.mu.Lock()
+			if d.conn == c {
+				d.conn = nil
+			}
+			d.mu.Unlock()
+			c.close()
+		}
+		<-d.use
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return true, err
+	case <-ctx.Done():
+		// The draw goes on, and its result is dropped; the connection
+		// stays usable.
+		return true, context.Cause(ctx)
 	}
 }
 
-// draw runs a draw on the drawer's connection. It reports false when there
-// is none (a draw on it failed, and it was closed): the caller then draws as
-// a call without WithFencing does.
-func (d *drawer) draw(ctx context.Context, query string, dest ...any) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.conn == nil {
-		return false, nil
+// connBroken reports an error after which a connection is not to be used
+// again: one the server did not send (a broken connection, a statement cut
+// off by its context), a connection exception (class 08), or the server
+// ending the session (57P01, 57P02, 57P03).
+func connBroken(err error) bool {
+	if err == nil {
+		return false
 	}
-	err := d.conn.drawRow(ctx, query, dest...)
-	if err != nil && SQLState(err) == "" {
-		// Not the server's answer: the connection may be broken. The
-		// next call that reserves opens another.
-		d.conn.close()
-		d.conn = nil
+	switch state := SQLState(err); {
+	case state == "":
+		return true
+	case strings.HasPrefix(state, "08"), state == "57P01", state == "57P02", state == "57P03":
+		return true
 	}
-	return true, err
+	return false
 }
 
 // sqlDrawConn is database/sql's draw connection, of the pool db.
@@ -229,9 +314,13 @@ type drawPooler interface {
 	drawPool() (handle any, open func(context.Context) (drawConn, error), err error)
 }
 
-// reserveFor sets a draw connection aside for a WithFencing call with
-// acquirer a, waiting for it as long as the call's lock wait may last.
-func reserveFor(ctx context.Context, c *config, a any) (*drawer, error) {
+// reserveFor sets a draw connection aside for a WithFencing call for keys
+// with acquirer a, before its lock wait. The reservation is part of the
+// wait: it counts against WithTimeout (c.timeout is what is left of it
+// afterwards), and when it cannot finish in time the call ends as a wait
+// does (LockTimeoutError or CanceledError, with no attempt, and the events
+// WaitStarted and TimedOut or Canceled).
+func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, error) {
 	p, ok := a.(drawPooler)
 	if !ok {
 		return nil, fmt.Errorf("%w: WithFencing is not supported by this call", ErrInvalidArgument)
@@ -240,9 +329,25 @@ func reserveFor(ctx context.Context, c *config, a any) (*drawer, error) {
 	if err != nil {
 		return nil, err
 	}
+	start := c.clock.now()
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return reserveDraw(rctx, h, open)
+	d, err := reserveDraw(rctx, h, open)
+	waited := c.clock.now().Sub(start)
+	if err != nil {
+		if rctx.Err() == nil {
+			return nil, err
+		}
+		kind, werr := waitEnded(ctx, keys, 0, waited)
+		werr = fmt.Errorf("%w (%v)", werr, err)
+		if c.ev.on() {
+			c.ev.emit(Event{Kind: WaitStarted, Keys: keys, Shared: c.shared})
+			c.ev.emit(Event{Kind: kind, Keys: keys, Shared: c.shared, Waited: waited, Err: werr})
+		}
+		return nil, werr
+	}
+	c.timeout = max(c.timeout-waited, time.Millisecond)
+	return d, nil
 }
 
 // drawPool implements drawPooler for database/sql.

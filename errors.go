@@ -38,7 +38,8 @@ var (
 
 	// ErrInvalidArgument: a nil db, tx or fn, an empty key list, too many
 	// keys (MaxKeys), an invalid Option, or an invalid key (which matches
-	// ErrInvalidKey too). Nothing was sent to the database.
+	// ErrInvalidKey too). A locking function that returns it sent nothing
+	// to the database.
 	ErrInvalidArgument = errors.New("txlock: invalid argument")
 
 	// ErrLockLost: a term (AcquireTerm, Lead) lost its lock: a heartbeat
@@ -50,8 +51,9 @@ var (
 	// start did not complete within the TTL.
 	ErrLockLost = errors.New("txlock: lock lost")
 
-	// ErrLockTableFull: the lock statement failed because the server's
-	// shared lock table is full (SQLSTATE 53200, "out of shared memory"):
+	// ErrLockTableFull: the lock statement failed with SQLSTATE 53200
+	// (out_of_memory), which from a lock statement means that the server's
+	// shared lock table is full ("out of shared memory"):
 	// too many locks are held at once across all sessions. The table is
 	// sized by max_locks_per_transaction; see MaxKeys. The server's error
 	// stays reachable with errors.As.

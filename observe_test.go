@@ -185,6 +185,15 @@ func TestEventsFailed(t *testing.T) {
 	cancel()
 	err = c.wait(ctx, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
 	assert.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, []EventKind{WaitStarted, Canceled}, rec.kinds(), "a cancelled try is counted as a cancellation")
+
+	// One whose deadline has passed is a try that was not attempted.
+	rec.events = nil
+	dctx, dcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer dcancel()
+	err = c.wait(dctx, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.ErrorContains(t, err, "not attempted")
 	assert.Equal(t, []EventKind{WaitStarted, Failed}, rec.kinds())
 }
 

@@ -235,12 +235,20 @@ func WithSerializationRetries(n int) Option {
 // pool, and one on a pool whose connections are all in use (all held by
 // holders, say, each about to draw) fails at once with ErrNoToken.
 //
-// Setting the connection aside waits for one as the lock wait does (until
-// WithTimeout, or the context, ends), before the call takes anything. db
-// must be a pool (*sql.DB, *sqlx.DB, *pgxpool.Pool) that allows two
+// Setting the connection aside is the first part of the lock wait, before
+// the call takes anything: it counts against WithTimeout, and a wait that
+// ends there ends as any wait does (LockTimeoutError or CanceledError, with
+// no attempt; WithFailOpen does not apply to it). Each draw on the
+// connection is bounded by 10 seconds, and does not end when the drawing
+// fn's context does, so that a holder that gives up does not break the
+// connection for the others; a draw that fails on it closes it, and until
+// a later call sets another aside, draws are made as without this option.
+//
+// db must be a pool (*sql.DB, *sqlx.DB, *pgxpool.Pool) that allows two
 // connections at least; otherwise the call returns ErrInvalidArgument. It
-// applies to the WithLock family and to terms, whose start draws a token;
-// not inside a caller's transaction (LockTx), where fn has no tokens.
+// applies to the WithLock family and to terms, whose start draws a token
+// (a term keeps the reservation while it campaigns); not inside a caller's
+// transaction (LockTx), where fn has no tokens.
 func WithFencing() Option {
 	return func(c *config) {
 		c.fencing = true

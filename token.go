@@ -44,7 +44,8 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // the draw. A transaction-scoped lock cannot be lost while its transaction
 // lives. Cost, on database/sql: four round trips, three of them on the
 // second connection (the draw runs in a transaction of its own there: see
-// draw.go); on pgxlock: two, one on each.
+// draw.go; five where it must be prepared in it); on pgxlock: two, one on
+// each.
 //
 // The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB,
 // *pgxpool.Pool) of at least two connections: a single connection, or a

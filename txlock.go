@@ -269,7 +269,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 	var draw *drawer
 	if c.fencing {
 		var err error
-		if draw, err = reserveFor(ctx, c, a); err != nil {
+		if draw, err = reserveFor(ctx, c, keys, a); err != nil {
 			return false, err
 		}
 		defer draw.release()
@@ -355,16 +355,23 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 // end stays reachable with errors.Is.
 func retryNotRun(ctx context.Context, err error) error {
 	msg := "txlock: fn was not run again after its serialization failure"
-	if errors.Is(err, errBusy) {
+	var te *LockTimeoutError
+	var ce *CanceledError
+	switch {
+	case errors.Is(err, errBusy):
 		return errors.New(msg + ": the retry found the lock busy")
-	}
-	if cerr := ctx.Err(); cerr != nil {
-		if err == cerr {
-			return fmt.Errorf("%s: %w", msg, cerr)
+	case err == ctx.Err():
+		return fmt.Errorf("%s: %w", msg, err)
+	case errors.As(err, &te), errors.As(err, &ce):
+		// The wait's end, described but not matched: fn did run.
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("%s: %v: %w", msg, err, cerr)
 		}
-		return fmt.Errorf("%s: %v: %w", msg, err, cerr)
+		return fmt.Errorf("%s: %v", msg, err)
 	}
-	return fmt.Errorf("%s: %v", msg, err)
+	// Another error of the retry's wait (ErrStandby, a connection error)
+	// stays reachable.
+	return fmt.Errorf("%s: %w", msg, err)
 }
 
 // errFnPanicked is the Err of the Released event of a fn that panicked.
@@ -424,8 +431,10 @@ func canonicalKeys(keys []Key) ([]Key, error) {
 }
 
 // MaxKeys is the most distinct keys one call may lock (WithLocks,
-// TryWithLocks, LockTx and their pgxlock forms); a call with more is refused
-// with ErrInvalidArgument before the server is touched.
+// TryWithLocks, and their pgxlock and sqlxlock forms); a call with more is
+// refused with ErrInvalidArgument before the server is touched. (LockTx
+// takes one key a call: a caller's transaction that calls it many times
+// takes that many locks, unbounded.)
 //
 // It is a constant, not read from the server, so that the check costs no
 // round trip. Every lock a transaction holds takes a slot of the server's

@@ -2,6 +2,7 @@ package txlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -76,7 +77,8 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // queues locally behind the callers of this process that wait for the same
 // keys (see queue.go), and attempts only while it has the turn. Every
 // attempt and every sleep ends by the deadline: then, or when ctx ends, the
-// result is a *LockTimeoutError.
+// result is what waitEnded says (a *LockTimeoutError, or a *CanceledError
+// for a cancelled ctx).
 func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) error {
 	start := c.clock.now()
 	ev := &c.ev
@@ -98,7 +100,7 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		if c.mode == tryOnce {
+		if c.mode == tryOnce && !errors.Is(err, context.Canceled) {
 			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
 		}
 		return timeout()
@@ -171,6 +173,8 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 				return timeout()
 			}
 			if SQLState(err) == codeOutOfMemory {
+				// 53200 is out_of_memory; from a lock statement it is the
+				// shared lock table ("out of shared memory").
 				err = fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(lock.Keys), err)
 			}
 			return failed(err)

@@ -122,7 +122,7 @@ func badCases() []badCase {
 		{name: "cancelled ctx, TryWithLock", call: func(t *testing.T, e *badEnv) error {
 			_, err := txlock.TryWithLock(cancelled, e.db, e.key, e.fn)
 			return err
-		}, is: []error{context.Canceled}, msg: "not attempted"},
+		}, is: []error{context.Canceled}, msg: "lock wait canceled", not: []error{txlock.ErrLockTimeout}},
 		{name: "cancelled ctx, LockTx", call: func(t *testing.T, e *badEnv) error {
 			return inTx(t, e.db, func(tx *sql.Tx) error { return txlock.LockTx(cancelled, tx, e.key) })
 		}, is: []error{context.Canceled}, msg: "lock wait canceled", not: []error{txlock.ErrLockTimeout}},

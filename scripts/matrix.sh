@@ -3,12 +3,12 @@
 # ./interop's, on every PostgreSQL version of scripts/deps.sh's matrix, each
 # with Debian's PgBouncer in front (the harness starts both).
 #
-# The versions run at the same time, each in a process of its own with
-# servers of its own on free ports of 127.0.0.1: the tests spend most of
-# their time waiting (for lock timeouts, hold bounds, heartbeats), not on the
-# CPU, so on two cores five versions at once take about as long as one and a
-# half in turn. MATRIX_JOBS bounds how many run at once (default: all). Each
-# version's output is printed whole when it ends, headed by its version.
+# The versions run side by side, each in a process of its own with servers
+# of its own on free ports of 127.0.0.1: the tests spend most of their time
+# waiting (for lock timeouts, hold bounds, heartbeats), not on the CPU.
+# MATRIX_JOBS is how many run at once: 3 by default, which on two cores
+# leaves the timing tests room; 0 runs all at once. Each version's output is
+# printed whole when it ends, headed by its version.
 #
 # A version that is not installed is skipped, or fails when CI is set.
 #
@@ -20,7 +20,13 @@ skip=$1
 shift
 flags=("$@")
 deps=scripts/deps.sh
-jobs=${MATRIX_JOBS:-0}
+jobs=${MATRIX_JOBS:-3}
+case $jobs in
+'' | *[!0-9]*)
+	echo "MATRIX_JOBS must be a number (how many versions at once; 0: all), not '$jobs'" >&2
+	exit 2
+	;;
+esac
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
@@ -43,8 +49,16 @@ one() {
 failed=
 majors=()
 # Build the test binaries once, before the versions start together.
-go test -run '^$' "${flags[@]}" . ./interop >/dev/null
-for major in $($deps matrix); do
+if ! go test -run '^$' "${flags[@]}" . ./interop >"$logs/build.log" 2>&1; then
+	cat "$logs/build.log"
+	echo "version matrix: the test binaries do not build"
+	exit 1
+fi
+if ! all=$($deps matrix) || [ -z "$all" ]; then
+	echo "version matrix: scripts/deps.sh matrix named no version"
+	exit 1
+fi
+for major in $all; do
 	if ! bin=$($deps bindir "$major"); then
 		if [ -n "${CI:-}" ]; then
 			echo "PostgreSQL $major is not installed (scripts/deps.sh test installs it): failing, because CI is set"

@@ -7,7 +7,8 @@
 #
 #   scripts/release.sh version          prints the version the modules require each other at
 #   scripts/release.sh prepare vX.Y.Z   makes every module of the repository require the
-#                                       others at vX.Y.Z (go.mod and go.work), and tidies them
+#                                       others at vX.Y.Z (go.mod and go.work); tidy them
+#                                       after, with make tidy
 #   scripts/release.sh check            the publication check: publishes the committed
 #                                       modules (HEAD) at their version into a file-based
 #                                       module proxy, then builds, outside the repository,
@@ -15,6 +16,8 @@
 #   scripts/release.sh tag vX.Y.Z       checks, then tags HEAD vX.Y.Z, txlockprom/vX.Y.Z and
 #                                       txlockotel/vX.Y.Z
 #   scripts/release.sh proxy DIR        publishes the committed modules at their version into DIR
+#   scripts/release.sh warm             downloads into the module cache what a consumer of each
+#                                       module needs (make download), for check to build offline
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -61,9 +64,10 @@ offline_env() {
 }
 
 # consumer builds a fresh module outside the repository that requires module
-# $1 at version $2 and imports its packages $3..., against the proxy $4.
+# $1 at version $2 and imports its packages $4..., the way run_env ($3) runs
+# commands: offline_env for the check, online_env to warm the cache.
 consumer() {
-	local mod=$1 version=$2 proxy=$3
+	local mod=$1 version=$2 run_env=$3
 	shift 3
 	local dir
 	dir=$(mktemp -d)
@@ -84,16 +88,50 @@ consumer() {
 		echo
 		echo "func main() {}"
 	} >"$dir/main.go"
-	if ! (cd "$dir" && offline_env "$proxy" go build ./... && offline_env "$proxy" go vet ./...) >"$dir/log" 2>&1; then
+	if ! (cd "$dir" && $run_env "$proxy" go build ./... && $run_env "$proxy" go vet ./...) >"$dir/log" 2>&1; then
 		cat "$dir/log" >&2
 		die "a consumer of $mod@$version does not build from the published modules"
 	fi
-	say "a consumer of $mod@$version builds from the published modules alone"
+	[ "$run_env" = online_env ] || say "a consumer of $mod@$version builds from the published modules alone"
 	rm -rf "$dir"
 }
 
+# online_env runs a command as offline_env does, but with this machine's
+# module cache and proxy after the directory $1: to fill the cache with the
+# modules a consumer needs (each module's own versions, which a build in
+# the workspace does not download).
+online_env() {
+	local proxy=$1
+	shift
+	env GOWORK=off GOFLAGS=-mod=mod GONOSUMDB=github.com/txlock/txlock GOTOOLCHAIN=local \
+		GOPROXY="file://$proxy,$(go env GOPROXY)" "$@"
+}
+
+# consumers builds a consumer of each published module with run_env $1
+# against the proxy directory $2.
+consumers() {
+	local version
+	version=$(current_version)
+	consumer "$library" "$version" "$1" "$library" "$library/pgxlock" "$library/sqlxlock" "$library/interop"
+	consumer "$library/txlockprom" "$version" "$1" "$library/txlockprom"
+	consumer "$library/txlockotel" "$version" "$1" "$library/txlockotel"
+}
+
+warm() {
+	local cache
+	proxy=$(mktemp -d)
+	trap 'rm -rf "$proxy"' EXIT
+	publish "$proxy" "$(current_version)" >/dev/null
+	consumers online_env
+	# The cache keeps no copy of the unreleased modules: check serves them
+	# from its own publication only.
+	cache=$(go env GOMODCACHE)
+	chmod -R u+w "$cache/github.com/txlock" 2>/dev/null || true
+	rm -rf "$cache/cache/download/github.com/txlock" "$cache/github.com/txlock"
+}
+
 check() {
-	local version proxy m
+	local version m
 	version=$(current_version)
 	valid_version "$version" || die "the modules require $library at $version, which a consumer cannot resolve: set a release version with: scripts/release.sh prepare vX.Y.Z"
 	for m in "${user_modules[@]}"; do
@@ -107,15 +145,15 @@ check() {
 			die "$m/go.mod requires a txlock module at another version than $version"
 		fi
 	done
+	if [ -n "$(git status --porcelain -- '*go.mod' go.work)" ]; then
+		die "go.mod or go.work files have uncommitted changes, and the check publishes HEAD: commit them first"
+	fi
 	proxy=$(mktemp -d)
 	host_cache=$(go env GOMODCACHE)
 	consumer_cache=$(mktemp -d)
+	trap 'chmod -R u+w "$consumer_cache" 2>/dev/null; rm -rf "$proxy" "$consumer_cache"' EXIT
 	publish "$proxy" "$version"
-	consumer "$library" "$version" "$proxy" "$library" "$library/pgxlock" "$library/sqlxlock" "$library/interop"
-	consumer "$library/txlockprom" "$version" "$proxy" "$library/txlockprom"
-	consumer "$library/txlockotel" "$version" "$proxy" "$library/txlockotel"
-	chmod -R u+w "$consumer_cache"
-	rm -rf "$proxy" "$consumer_cache"
+	consumers offline_env
 }
 
 prepare() {
@@ -157,8 +195,9 @@ check) check ;;
 prepare) prepare "${2:?usage: scripts/release.sh prepare vX.Y.Z}" ;;
 tag) tag "${2:?usage: scripts/release.sh tag vX.Y.Z}" ;;
 proxy) publish "${2:?usage: scripts/release.sh proxy DIR}" "$(current_version)" ;;
+warm) warm ;;
 *)
-	sed -n '2,19p' "$0" >&2
+	sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" >&2
 	exit 2
 	;;
 esac

@@ -470,7 +470,7 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 			}
 			lateWriteLanded = true
 			return record(fctx, tx, name, 1, qty-1)
-		}, txlock.WithMaxHold(holdBound))
+		}, txlock.WithMaxHold(holdBound), txlock.WithFencing())
 	}()
 	select {
 	case <-acquired:
@@ -518,7 +518,7 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 					lastToken, lastWriter, lastQty = token, w, qty-1
 					mu.Unlock()
 					return nil
-				}, txlock.WithMaxHold(holdBound))
+				}, txlock.WithMaxHold(holdBound), txlock.WithFencing())
 				switch {
 				case errors.Is(err, errSoldOut):
 					// Sold out: wait for worker 1 before the phase ends.

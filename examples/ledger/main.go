@@ -325,7 +325,7 @@ func transfer(ctx context.Context, db *sql.DB, reports reportsDB, from, to int, 
 			}
 		}
 		return nil
-	}, txlock.WithTimeout(10*time.Second), txlock.WithMaxHold(5*time.Second))
+	}, txlock.WithTimeout(10*time.Second), txlock.WithMaxHold(5*time.Second), txlock.WithFencing())
 }
 
 // verify checks the ledger and the reports, printing one line per check.
