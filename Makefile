@@ -95,12 +95,10 @@ download:
 	@scripts/release.sh warm
 
 # Each module tidied on its own go.mod, without go.work, against the
-# committed modules published at the release version into a temporary
-# proxy (the version exists nowhere else before it is tagged).
+# committed modules published at the release version (the version exists
+# nowhere else before it is tagged).
 tidy:
-	@proxy=$$(mktemp -d); trap 'rm -rf "$$proxy"' EXIT; scripts/release.sh proxy "$$proxy" >/dev/null || exit 1; \
-	for m in $(MODULES) internal/release; do (cd $$m && GOWORK=off GONOSUMDB=github.com/txlock/txlock GOFLAGS=-mod=mod \
-		GOPROXY="file://$$proxy,$$(go env GOPROXY)" go mod tidy) || exit 1; done
+	@scripts/release.sh tidy $(MODULES) internal/release
 
 fuzz:
 	go test -run '^$$' -fuzz FuzzPgLocksRoundTrip -fuzztime 30s .

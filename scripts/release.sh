@@ -18,6 +18,14 @@
 #   scripts/release.sh proxy DIR        publishes the committed modules at their version into DIR
 #   scripts/release.sh warm             downloads into the module cache what a consumer of each
 #                                       module needs (make download), for check to build offline
+#   scripts/release.sh tidy MODULE...   tidies each module directory on its own go.mod against
+#                                       the committed modules published at their version (make tidy)
+#
+# The unreleased modules are published anew from each commit under one
+# version, and the go command takes a version's content in its module cache
+# to be immutable (it indexes it by path, in the build cache). So every
+# command here that sees the published modules runs with a module cache of
+# its own, made for the run; nothing of them ever lands in this machine's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -51,16 +59,47 @@ publish() {
 }
 
 # offline_env runs a command the way a consumer's build outside this
-# repository runs: no go.work, no network, no checksum database, and a
-# module cache of its own ($consumer_cache), so that nothing an earlier run
-# left there stands in for what was published. Modules come from the proxy
+# repository runs: no go.work, no network, no checksum database, and the
+# run's own module cache ($run_cache). Modules come from the proxy
 # directory $1, then (the other modules) from this machine's module cache,
 # read as a proxy.
 offline_env() {
 	local proxy=$1
 	shift
-	env GOWORK=off GOFLAGS=-mod=mod GOSUMDB=off GONOSUMDB= GOPRIVATE= GOTOOLCHAIN=local \
-		GOMODCACHE="$consumer_cache" GOPROXY="file://$proxy,file://$host_cache/cache/download" "$@"
+	env GOWORK=off GOFLAGS="-mod=mod -modcacherw" GOSUMDB=off GONOSUMDB= GOPRIVATE= GOTOOLCHAIN=local \
+		GOMODCACHE="$run_cache" GOPROXY="file://$proxy,file://$host_cache/cache/download" "$@"
+}
+
+# online_env runs a command as offline_env does, but with this machine's
+# proxy last, to download what this machine's module cache lacks: a
+# consumer needs each module's own versions of its dependencies, which a
+# build in the workspace does not download. keep_downloads then copies
+# them into this machine's module cache.
+online_env() {
+	local proxy=$1
+	shift
+	env GOWORK=off GOFLAGS="-mod=mod -modcacherw" GONOSUMDB=$library GOTOOLCHAIN=local \
+		GOMODCACHE="$run_cache" GOPROXY="file://$proxy,file://$host_cache/cache/download,$(go env GOPROXY)" "$@"
+}
+
+# run_caches makes the run's proxy directory ($proxy) and module cache
+# ($run_cache), removed when the script exits.
+run_caches() {
+	proxy=$(mktemp -d)
+	run_cache=$(mktemp -d)
+	host_cache=$(go env GOMODCACHE)
+	trap 'rm -rf "$proxy" "$run_cache"' EXIT
+}
+
+# keep_downloads copies what the run's module cache downloaded, but the
+# published modules, into this machine's module cache, and removes from it
+# any copy of them that an older script left there.
+keep_downloads() {
+	rm -rf "$run_cache/cache/download/$library"
+	chmod -R u+w "$host_cache/$library"@* 2>/dev/null || true
+	rm -rf "$host_cache/cache/download/$library" "$host_cache/$library"@*
+	mkdir -p "$host_cache/cache/download"
+	cp -Rn "$run_cache/cache/download/." "$host_cache/cache/download/"
 }
 
 # consumer builds a fresh module outside the repository that requires module
@@ -96,17 +135,6 @@ consumer() {
 	rm -rf "$dir"
 }
 
-# online_env runs a command as offline_env does, but with this machine's
-# module cache and proxy after the directory $1: to fill the cache with the
-# modules a consumer needs (each module's own versions, which a build in
-# the workspace does not download).
-online_env() {
-	local proxy=$1
-	shift
-	env GOWORK=off GOFLAGS=-mod=mod GONOSUMDB=github.com/txlock/txlock GOTOOLCHAIN=local \
-		GOPROXY="file://$proxy,$(go env GOPROXY)" "$@"
-}
-
 # consumers builds a consumer of each published module with run_env $1
 # against the proxy directory $2.
 consumers() {
@@ -118,16 +146,21 @@ consumers() {
 }
 
 warm() {
-	local cache
-	proxy=$(mktemp -d)
-	trap 'rm -rf "$proxy"' EXIT
+	run_caches
 	publish "$proxy" "$(current_version)" >/dev/null
 	consumers online_env
-	# The cache keeps no copy of the unreleased modules: check serves them
-	# from its own publication only.
-	cache=$(go env GOMODCACHE)
-	chmod -R u+w "$cache/github.com/txlock" 2>/dev/null || true
-	rm -rf "$cache/cache/download/github.com/txlock" "$cache/github.com/txlock"
+	keep_downloads
+}
+
+tidy() {
+	local m
+	[ $# -gt 0 ] || die "usage: scripts/release.sh tidy MODULE..."
+	run_caches
+	publish "$proxy" "$(current_version)" >/dev/null
+	for m in "$@"; do
+		(cd "$m" && online_env "$proxy" go mod tidy) || die "$m: go mod tidy failed"
+	done
+	keep_downloads
 }
 
 check() {
@@ -148,10 +181,7 @@ check() {
 	if [ -n "$(git status --porcelain -- '*go.mod' go.work)" ]; then
 		die "go.mod or go.work files have uncommitted changes, and the check publishes HEAD: commit them first"
 	fi
-	proxy=$(mktemp -d)
-	host_cache=$(go env GOMODCACHE)
-	consumer_cache=$(mktemp -d)
-	trap 'chmod -R u+w "$consumer_cache" 2>/dev/null; rm -rf "$proxy" "$consumer_cache"' EXIT
+	run_caches
 	publish "$proxy" "$version"
 	consumers offline_env
 }
@@ -196,6 +226,10 @@ prepare) prepare "${2:?usage: scripts/release.sh prepare vX.Y.Z}" ;;
 tag) tag "${2:?usage: scripts/release.sh tag vX.Y.Z}" ;;
 proxy) publish "${2:?usage: scripts/release.sh proxy DIR}" "$(current_version)" ;;
 warm) warm ;;
+tidy)
+	shift
+	tidy "$@"
+	;;
 *)
 	sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" >&2
 	exit 2
