@@ -19,8 +19,9 @@ type ownTx struct {
 	pool *sql.DB // the pool behind db, if the call queues on one; else nil
 	fn   func(context.Context, *sql.Tx) error
 	keys []Key
-	stmt string // the polling lock statement
-	h    holder // the granted lock
+	stmt string  // the polling lock statement
+	h    holder  // the granted lock
+	held sqlHeld // its transaction
 	// attemptBound, if not 0, bounds each attempt however far the wait's
 	// deadline is: a term's campaign has none (see acquireTerm).
 	attemptBound time.Duration
@@ -70,7 +71,8 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 				_ = tx.Rollback()
 				return out, err
 			}
-			a.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+			a.held = sqlHeld{tx: tx, txCtx: ctx, fn: a.fn}
+			a.h = holder{tx: &a.held, txCtx: ctx, fnCtx: ctx}
 			if c.ev.on() {
 				a.h.grantedAt = c.clock.now()
 			}
@@ -114,7 +116,8 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
 	// the driver then has no context to watch around each of fn's
 	// statements.
-	a.h = holder{tx: tx, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
+	a.held = sqlHeld{tx: tx, txCtx: txCtx, fn: a.fn}
+	a.h = holder{tx: &a.held, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
 	if c.ev.on() {
 		a.h.grantedAt = c.clock.now()
 	}
@@ -174,11 +177,11 @@ func awaitEnd(ctx context.Context, end <-chan struct{}) error {
 
 // hold implements acquirer.
 func (a *ownTx) hold(st *lockState, handOn func()) error {
-	st.db, st.tx = a.db, a.h.tx
+	st.db, st.tx = a.db, a.held.tx
 	if st.ev != nil {
 		st.grantedAt = a.h.grantedAt // before the hold bound started
 	}
-	return a.h.run(a.fn, st, handOn)
+	return a.h.run(st, handOn)
 }
 
 // holdUnlocked implements acquirer: fn runs in a transaction of its own,
@@ -190,9 +193,9 @@ func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 		txCancel(nil)
 		return fmt.Errorf("txlock: begin: %w", err)
 	}
-	h := &holder{tx: tx, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
+	h := &holder{tx: &sqlHeld{tx: tx, txCtx: txCtx, fn: a.fn}, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
 	st.db, st.tx = a.db, tx
-	return h.run(a.fn, st, nil)
+	return h.run(st, nil)
 }
 
 // idleConn reports whether the pool the call queues on has an idle

@@ -192,7 +192,7 @@ func (t *Term) begin(ctx context.Context) error {
 	t.stopTie = context.AfterFunc(txCtx, func() { cancel(context.Cause(txCtx)) })
 	t.tc = termContext{Context: base, t: t}
 	st := &t.st
-	st.Context, st.db, st.tx = &t.tc, t.a.db, h.tx
+	st.Context, st.db, st.tx = &t.tc, t.a.db, t.a.held.tx
 	// No heartbeat runs yet, and the draw may wait for a free connection
 	// of the pool: a watchdog ends the term at its local expiry, which
 	// cancels what is in flight, and is set again for the new expiry once
@@ -245,7 +245,7 @@ func (t *Term) begin(ctx context.Context) error {
 	// first heartbeat follows at once, rather than an interval later.
 	t.lastOK.Store(int64(drawn))
 	sent := t.since()
-	if _, err := h.tx.ExecContext(st, heartbeatStatement); err != nil {
+	if _, err := t.a.held.tx.ExecContext(st, heartbeatStatement); err != nil {
 		if e := ended("the first heartbeat", err); e != nil {
 			return e
 		}

@@ -6,48 +6,59 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/txlock/txlock/internal/seam"
 )
 
-// holder is a granted lock in a transaction of txlock's own: the
-// transaction, and the contexts bound to it. Its run method is the commit
-// semantics of WithLock.
+// holder is a transaction that fn runs in, the lock's or WithFailOpen's,
+// with the contexts bound to it. Its run method is the commit rules of
+// WithLock, for every driver: a seam.Tx says only how each step reaches
+// the server.
 type holder struct {
-	tx       *sql.Tx
-	txCtx    context.Context // the context the transaction was begun with
-	fnCtx    context.Context // txCtx, with the hold bound if any
-	cancel   context.CancelCauseFunc
-	stopTie  func() bool        // unties the hold bound from txCtx
-	stopHold context.CancelFunc // releases the hold bound's context
+	tx       seam.Tx
+	txCtx    context.Context         // the context the transaction was begun with
+	fnCtx    context.Context         // txCtx, with the hold bound if any
+	cancel   context.CancelCauseFunc // ends txCtx, if the holder made it; else nil
+	stopTie  func() bool             // unties the hold bound from txCtx
+	stopHold context.CancelFunc      // releases the hold bound's context
 	// grantedAt is when the lock was granted, before the hold bound began.
 	grantedAt time.Time
 }
 
-// bound gives fn's context the hold bound d, and ends the transaction when
-// it passes (database/sql rolls back a transaction whose context ends).
+// bound gives fn's context the hold bound d and, if the holder can end
+// txCtx, ends it when the bound passes (database/sql rolls back a
+// transaction whose context ends; a driver whose transaction has no
+// context ends fn's statements by fnCtx, and the server's side of the
+// bound ends the session).
 func (h *holder) bound(d time.Duration) {
 	fnCtx, stopHold := context.WithTimeoutCause(h.txCtx, d, ErrHoldTimeout)
 	h.fnCtx, h.stopHold = fnCtx, stopHold
 	// cancel, not h.cancel: the next round's grant overwrites *h while this
 	// may still run.
-	cancel := h.cancel
-	h.stopTie = context.AfterFunc(fnCtx, func() { cancel(context.Cause(fnCtx)) })
+	if cancel := h.cancel; cancel != nil {
+		h.stopTie = context.AfterFunc(fnCtx, func() { cancel(context.Cause(fnCtx)) })
+	}
 }
 
-// release frees what the holder's contexts hold, once fn is done.
+// release frees what the holder's contexts and connection hold, once the
+// transaction has ended.
 func (h *holder) release() {
 	if h.stopTie != nil {
 		h.stopTie()
+	}
+	if h.stopHold != nil {
 		h.stopHold()
 	}
 	if h.cancel != nil {
 		h.cancel(nil)
 	}
+	h.tx.Close()
 }
 
 // run runs fn in the holder's transaction and commits or rolls back, as
 // WithLock documents. handOn, if not nil, runs once fn has returned, before
 // the commit or rollback.
-func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, handOn func()) error {
+func (h *holder) run(st *lockState, handOn func()) error {
 	defer h.release()
 	defer st.ended.Store(true)
 	done := false
@@ -57,13 +68,19 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 		}
 	}()
 	st.Context = h.fnCtx
-	fnErr := fn(st, h.tx)
+	fnErr := h.tx.Fn(st)
 	done = true
 	if handOn != nil {
 		handOn()
 	}
+	return h.end(fnErr)
+}
+
+// end commits or rolls back once fn has returned fnErr.
+func (h *holder) end(fnErr error) error {
+	bounded := h.stopHold != nil
 	if fnErr != nil {
-		if err := h.tx.Rollback(); errors.Is(err, sql.ErrTxDone) && h.txCtx.Err() == nil {
+		if err := h.tx.Rollback(); errors.Is(err, seam.ErrTxDone) {
 			return errors.Join(fnErr, ErrFnEndedTx)
 		}
 		if errors.Is(fnErr, ErrHoldTimeout) {
@@ -72,7 +89,7 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 		if cause := context.Cause(h.fnCtx); errors.Is(cause, ErrHoldTimeout) {
 			return errors.Join(fnErr, cause)
 		}
-		if h.stopTie != nil && serverEndedHold(fnErr) {
+		if bounded && serverEndedHold(fnErr) {
 			// The server's side of the bound ended the session before the
 			// client's deadline fired.
 			return errors.Join(fnErr, ErrHoldTimeout)
@@ -80,24 +97,29 @@ func (h *holder) run(fn func(context.Context, *sql.Tx) error, st *lockState, han
 		return fnErr
 	}
 	if h.fnCtx.Err() != nil {
-		_ = h.tx.Rollback()
-		return h.ended()
-	}
-	if err := h.tx.Commit(); err != nil {
-		if h.txCtx.Err() != nil && !errors.Is(err, sql.ErrTxDone) {
-			// The context ended as Commit ran: database/sql refused to
-			// commit, or the driver cut the COMMIT off mid-flight.
-			return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", ErrCommitFailed, context.Cause(h.fnCtx), err)
-		}
-		if errors.Is(err, sql.ErrTxDone) {
-			if h.txCtx.Err() != nil {
-				return h.ended()
-			}
+		if err := h.tx.Rollback(); errors.Is(err, seam.ErrTxDone) {
 			return ErrFnEndedTx
 		}
-		return fmt.Errorf("%w: %w", ErrCommitFailed, err)
+		return h.ended()
 	}
-	return nil
+	err := h.tx.Commit(h.fnCtx)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, seam.ErrTxDone):
+		return ErrFnEndedTx
+	case errors.Is(err, seam.ErrRolledBack):
+		return h.ended()
+	case h.fnCtx.Err() != nil:
+		// The context ended as COMMIT ran: the driver refused to commit,
+		// or cut the COMMIT off mid-flight.
+		return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", ErrCommitFailed, context.Cause(h.fnCtx), err)
+	case bounded && serverEndedHold(err):
+		// The server's side of the bound ended the session before the
+		// client's deadline fired.
+		return errors.Join(fmt.Errorf("%w: %w", ErrCommitFailed, err), ErrHoldTimeout)
+	}
+	return fmt.Errorf("%w: %w", ErrCommitFailed, err)
 }
 
 // serverEndedHold reports the errors by which the server ends a session for
@@ -120,3 +142,45 @@ func (h *holder) ended() error {
 	}
 	return fmt.Errorf("txlock: transaction rolled back: %w", cause)
 }
+
+// sqlHeld is a database/sql transaction as a seam.Tx.
+type sqlHeld struct {
+	tx    *sql.Tx
+	txCtx context.Context // the context tx was begun with
+	fn    func(context.Context, *sql.Tx) error
+}
+
+var _ seam.Tx = (*sqlHeld)(nil)
+
+// Fn implements seam.Tx.
+func (t *sqlHeld) Fn(ctx context.Context) error { return t.fn(ctx, t.tx) }
+
+// Commit implements seam.Tx. database/sql commits under the transaction's
+// own context.
+func (t *sqlHeld) Commit(context.Context) error {
+	err := t.tx.Commit()
+	if errors.Is(err, sql.ErrTxDone) {
+		if t.txCtx.Err() != nil {
+			// database/sql rolled back as the context ended.
+			return seam.ErrRolledBack
+		}
+		return seam.ErrTxDone
+	}
+	return err
+}
+
+// Rollback implements seam.Tx.
+func (t *sqlHeld) Rollback() error {
+	err := t.tx.Rollback()
+	if errors.Is(err, sql.ErrTxDone) {
+		if t.txCtx.Err() != nil {
+			return nil // database/sql rolled back as the context ended
+		}
+		return seam.ErrTxDone
+	}
+	return err
+}
+
+// Close implements seam.Tx: an ended database/sql transaction has returned
+// its connection.
+func (t *sqlHeld) Close() {}

@@ -47,6 +47,7 @@ type driverAcquirer struct {
 	a    seam.Acquirer
 	c    *config
 	keys []Key
+	h    holder // the granted lock
 }
 
 var _ acquirer = (*driverAcquirer)(nil)
@@ -56,13 +57,39 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	if b.window > 0 {
 		sb.WaitStmt = waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
 	}
-	return d.a.Attempt(ctx, sb)
+	out, tx, err := d.a.Attempt(ctx, sb)
+	if err == nil && out == granted {
+		// The driver's transaction has no context of its own: fn's
+		// statements end with fn's context, which the hold bound, if
+		// any, ends (and the server's side of the bound ends the
+		// session).
+		d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+		if d.c.maxHold > 0 {
+			d.h.bound(d.c.maxHold)
+		}
+	}
+	return out, err
 }
 
-func (d *driverAcquirer) hold(st *lockState, handOn func()) error { return d.a.Hold(st, handOn) }
+func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
+	d.sessionOf(st, d.h.tx)
+	return d.h.run(st, handOn)
+}
 
 func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {
-	return d.a.HoldUnlocked(ctx, st)
+	tx, err := d.a.BeginUnlocked(ctx)
+	if err != nil {
+		return err
+	}
+	d.sessionOf(st, tx)
+	h := &holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	return h.run(st, nil)
+}
+
+// sessionOf makes tx the session that st's fencing tokens use, if it is
+// one.
+func (d *driverAcquirer) sessionOf(st *lockState, tx seam.Tx) {
+	st.sess, _ = tx.(seam.Session)
 }
 
 func (d *driverAcquirer) pooled() bool { return d.a.Pooled() }
@@ -140,7 +167,7 @@ func runDriver(ctx context.Context, r *seam.Request) (bool, error) {
 // then comes first, and a busy attempt leaves the transaction aborted,
 // for the driver to roll back.
 func driverPlan(c *config, keys []Key) (seam.Plan, error) {
-	p := seam.Plan{Begin: "BEGIN", MaxHold: c.maxHold}
+	p := seam.Plan{Begin: "BEGIN"}
 	if o := c.txOpts; o != nil {
 		level := ""
 		switch o.Isolation {
@@ -206,13 +233,3 @@ func lockTxDriver(ctx context.Context, r *seam.TxRequest) (bool, error) {
 	}
 	return a.lock(ctx, *key, r.Try)
 }
-
-// Enter implements seam.State.
-func (st *lockState) Enter(ctx context.Context, s seam.Session) {
-	st.Context, st.sess = ctx, s
-}
-
-// Leave implements seam.State.
-func (st *lockState) Leave() { st.ended.Store(true) }
-
-var _ seam.State = (*lockState)(nil)

@@ -320,7 +320,7 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 		stop := context.AfterFunc(ctx, func() { cut("Release's ctx ended") })
 		defer func() { timer.Stop(); stop() }()
 	}
-	rbErr := h.tx.Rollback()
+	rbErr := t.a.held.tx.Rollback()
 	cutMu.Lock()
 	wasCut := cutErr
 	cutMu.Unlock()

@@ -17,21 +17,14 @@ import (
 )
 
 // acquirer is the seam.Acquirer of a call: it makes the attempts on pool or
-// conn, and holds the granted lock.
+// conn.
 type acquirer struct {
 	pool *pgxpool.Pool // db, if it is a pool
 	conn *pgx.Conn     // db, if it is one connection
 	fn   func(context.Context, pgx.Tx) error
 	plan *seam.Plan
 
-	s0 session // the first round's session
-
-	// The granted lock.
-	ctx      context.Context    // the caller's context
-	fnCtx    context.Context    // ctx, with the hold bound if any: fn runs under it
-	stopHold context.CancelFunc // releases the hold bound's context
-	pc       *pgxpool.Conn      // the pool's connection, to release once the lock ends
-	tx       pgx.Tx
+	tx0 heldTx // the first round's transaction
 }
 
 var _ seam.Acquirer = (*acquirer)(nil)
@@ -46,7 +39,7 @@ const rollbackTimeout = 5 * time.Second
 // the wait has none yet, with a context that ends at its deadline. The
 // attempt's statements run under ctx, with a deadline on the connection
 // itself (see deadline and stallGrace). fn runs under ctx.
-func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, error) {
+func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, seam.Tx, error) {
 	actx := b.WaitCtx
 	if actx == nil {
 		actx = ctx
@@ -64,12 +57,12 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, err
 		select {
 		case <-b.PrevEnd:
 		case <-actx.Done():
-			return seam.Busy, context.Cause(actx)
+			return seam.Busy, nil, context.Cause(actx)
 		}
 	}
 	c, pc, err := a.connect(actx)
 	if err != nil {
-		return seam.Busy, fmt.Errorf("txlock: acquiring a connection: %w", err)
+		return seam.Busy, nil, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
 	if b.Window > 0 {
 		return a.window(ctx, c, pc, b)
@@ -81,9 +74,10 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, err
 		a.rollback(ctx, c)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return seam.Busy, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			return seam.Busy, nil, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 		}
-		return seam.Classify(err)
+		out, err := seam.Classify(err)
+		return out, nil, err
 	}
 	return a.granted(ctx, pc, tx)
 }
@@ -121,13 +115,13 @@ const stallGrace = time.Second
 
 // window makes a ServerWait attempt: BEGIN, then the statement that waits
 // in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Outcome, error) {
+func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Outcome, seam.Tx, error) {
 	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
 	if err != nil {
 		reset()
 		a.release(pc)
-		return seam.Busy, fmt.Errorf("txlock: begin: %w", err)
+		return seam.Busy, nil, fmt.Errorf("txlock: begin: %w", err)
 	}
 	tag, err := tx.Exec(ctx, b.WaitStmt)
 	reset()
@@ -147,29 +141,32 @@ func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b 
 		}
 	}
 	if err != nil || out != seam.Granted {
-		_ = a.end(ctx, tx)
+		_ = end(ctx, tx)
 		a.release(pc)
-		return out, err
+		return out, nil, err
 	}
 	return a.granted(ctx, pc, tx)
 }
 
-// granted keeps the granted lock for Hold, with the hold bound started
-// (WithMaxHold: the server's side of it started with the lock statement),
-// unless ctx ended as the lock was granted: then it rolls back, and fn must
-// not start.
-func (a *acquirer) granted(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) (seam.Outcome, error) {
+// granted returns the granted lock's transaction, unless ctx ended as the
+// lock was granted: then it rolls back, and fn must not start. (The
+// server's side of the hold bound, WithMaxHold, started with the lock
+// statement; package txlock starts the client's.)
+func (a *acquirer) granted(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) (seam.Outcome, seam.Tx, error) {
 	if err := ctx.Err(); err != nil {
-		_ = a.end(ctx, tx)
+		_ = end(ctx, tx)
 		a.release(pc)
-		return seam.Busy, err
+		return seam.Busy, nil, err
 	}
-	a.ctx, a.pc, a.tx = ctx, pc, tx
-	a.fnCtx, a.stopHold = ctx, nil
-	if d := a.plan.MaxHold; d > 0 {
-		a.fnCtx, a.stopHold = context.WithTimeoutCause(ctx, d, txlock.ErrHoldTimeout)
+	// The first round's transaction is the call's own; a later round's
+	// (after a serialization failure) is new, since the earlier round's fn
+	// may have kept its context, and draw tokens on it.
+	h := &a.tx0
+	if h.tx != nil {
+		h = &heldTx{}
 	}
-	return seam.Granted, nil
+	*h = heldTx{fn: a.fn, ctx: ctx, pool: a.pool, pc: pc, tx: tx}
+	return seam.Granted, h, nil
 }
 
 // connect returns the connection for an attempt: one of the pool's, or the
@@ -209,7 +206,7 @@ func (a *acquirer) rollback(ctx context.Context, c *pgx.Conn) {
 
 // end rolls tx back under a context of its own, which a cancelled ctx does
 // not end at once: see rollbackTimeout.
-func (a *acquirer) end(ctx context.Context, tx pgx.Tx) error {
+func end(ctx context.Context, tx pgx.Tx) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
 	return tx.Rollback(rctx)
@@ -222,140 +219,86 @@ func (a *acquirer) Pooled() bool { return a.pool != nil }
 // IdleConn implements seam.Acquirer.
 func (a *acquirer) IdleConn() bool { return a.pool != nil && a.pool.Stat().IdleConns() > 0 }
 
-// Hold implements seam.Acquirer.
-func (a *acquirer) Hold(st seam.State, handOn func()) error {
-	ctx, fnCtx, stop, pc, tx := a.ctx, a.fnCtx, a.stopHold, a.pc, a.tx
-	a.ctx, a.fnCtx, a.stopHold, a.pc, a.tx = nil, nil, nil, nil, nil
-	if stop != nil {
-		defer stop()
-	}
-	return a.run(ctx, fnCtx, st, pc, tx, stop != nil, handOn)
-}
-
-// HoldUnlocked implements seam.Acquirer: fn runs in a transaction of its
-// own, without the lock (txlock.WithFailOpen).
-func (a *acquirer) HoldUnlocked(ctx context.Context, st seam.State) error {
+// BeginUnlocked implements seam.Acquirer: the transaction of
+// txlock.WithFailOpen, without the lock.
+func (a *acquirer) BeginUnlocked(ctx context.Context) (seam.Tx, error) {
 	c, pc, err := a.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("txlock: acquiring a connection: %w", err)
+		return nil, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
 	if err != nil {
 		a.release(pc)
-		return fmt.Errorf("txlock: begin: %w", err)
+		return nil, fmt.Errorf("txlock: begin: %w", err)
 	}
-	return a.run(ctx, ctx, st, pc, tx, false, nil)
+	return &heldTx{fn: a.fn, ctx: ctx, pool: a.pool, pc: pc, tx: tx}, nil
 }
 
-// run runs fn in tx with st as its context, wrapping fnCtx (ctx, or with
-// the hold bound if bounded), then commits or rolls back as
-// txlock.WithLock documents, and returns the pool's connection.
-func (a *acquirer) run(ctx, fnCtx context.Context, st seam.State, pc *pgxpool.Conn, tx pgx.Tx, bounded bool, handOn func()) error {
-	defer a.release(pc)
-	defer st.Leave()
-	// The first round's session is the call's own; a later round's (after
-	// a serialization failure) is new, since the earlier round's fn may
-	// have kept its context.
-	s := &a.s0
-	if s.tx != nil {
-		s = &session{}
-	}
-	*s = session{pool: a.pool, tx: tx}
-	st.Enter(fnCtx, s)
-	// Once fn has returned, its context is done with the connection: a
-	// token being confirmed on it (by a goroutine fn started) finishes
-	// before the commit or rollback, and none starts after.
-	defer s.close()
-	done := false
-	defer func() {
-		if !done { // fn panicked: roll back, and let the panic continue.
-			s.close()
-			_ = a.end(ctx, tx)
-		}
-	}()
-	fnErr := a.fn(st, tx)
-	done = true
-	s.close()
-	if handOn != nil {
-		handOn()
-	}
-	if fnErr != nil {
-		err := a.end(ctx, tx)
-		if errors.Is(err, pgx.ErrTxClosed) {
-			return errors.Join(fnErr, txlock.ErrFnEndedTx)
-		}
-		if errors.Is(fnErr, txlock.ErrHoldTimeout) {
-			return fnErr
-		}
-		if cause := context.Cause(fnCtx); errors.Is(cause, txlock.ErrHoldTimeout) {
-			return errors.Join(fnErr, cause)
-		}
-		if bounded && serverEndedHold(fnErr) {
-			// The server's side of the bound ended the session before the
-			// client's deadline fired.
-			return errors.Join(fnErr, txlock.ErrHoldTimeout)
-		}
-		return fnErr
-	}
-	if fnCtx.Err() != nil {
-		if err := a.end(ctx, tx); errors.Is(err, pgx.ErrTxClosed) {
-			return txlock.ErrFnEndedTx
-		}
-		cause := context.Cause(fnCtx)
-		if errors.Is(cause, txlock.ErrHoldTimeout) {
-			return cause
-		}
-		return fmt.Errorf("txlock: transaction rolled back: %w", cause)
-	}
-	if err := tx.Commit(fnCtx); err != nil {
-		switch {
-		case errors.Is(err, pgx.ErrTxClosed):
-			return txlock.ErrFnEndedTx
-		case errors.Is(err, pgx.ErrTxCommitRollback):
-			return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", txlock.ErrCommitFailed, err)
-		case fnCtx.Err() != nil:
-			return fmt.Errorf("%w: interrupted as the transaction's context ended, so it may or may not have taken effect: %w: %w", txlock.ErrCommitFailed, context.Cause(fnCtx), err)
-		case bounded && serverEndedHold(err):
-			// The server's side of the bound ended the session before the
-			// client's deadline fired.
-			return errors.Join(fmt.Errorf("%w: %w", txlock.ErrCommitFailed, err), txlock.ErrHoldTimeout)
-		}
-		return fmt.Errorf("%w: %w", txlock.ErrCommitFailed, err)
-	}
-	return nil
-}
-
-// serverEndedHold reports the errors by which the server ends a session for
-// WithMaxHold: idle_in_transaction_session_timeout (25P03) and, from
-// PostgreSQL 17, transaction_timeout (25P04).
-func serverEndedHold(err error) bool {
-	switch txlock.SQLState(err) {
-	case "25P03", "25P04":
-		return true
-	}
-	return false
-}
-
-// session is the lock's transaction as fencing tokens need it (seam.Session).
-type session struct {
-	pool *pgxpool.Pool
+// heldTx is a transaction that fn runs in (seam.Tx), and the session its
+// fencing tokens use (seam.Session).
+type heldTx struct {
+	fn   func(context.Context, pgx.Tx) error
+	ctx  context.Context // the caller's, which rollbacks outlive
+	pool *pgxpool.Pool   // for draws, if the call was given a pool
+	pc   *pgxpool.Conn   // the pool's connection, to release once tx ends
 	tx   pgx.Tx
 
 	mu     sync.Mutex // held while a token is confirmed on tx
 	closed bool       // fn has returned: tx is not the token's to use
 }
 
+var (
+	_ seam.Tx      = (*heldTx)(nil)
+	_ seam.Session = (*heldTx)(nil)
+)
+
+// Fn implements seam.Tx.
+func (h *heldTx) Fn(ctx context.Context) error { return h.fn(ctx, h.tx) }
+
+// Commit implements seam.Tx.
+func (h *heldTx) Commit(ctx context.Context) error {
+	h.close()
+	err := h.tx.Commit(ctx)
+	switch {
+	case errors.Is(err, pgx.ErrTxClosed):
+		return seam.ErrTxDone
+	case errors.Is(err, pgx.ErrTxCommitRollback):
+		return fmt.Errorf("the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", err)
+	}
+	return err
+}
+
+// Rollback implements seam.Tx, under a context of its own: see
+// rollbackTimeout.
+func (h *heldTx) Rollback() error {
+	h.close()
+	err := end(h.ctx, h.tx)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return seam.ErrTxDone
+	}
+	return err
+}
+
+// Close implements seam.Tx: it returns the pool's connection, if the call
+// took one.
+func (h *heldTx) Close() {
+	if h.pc != nil {
+		h.pc.Release()
+	}
+}
+
 // close ends the session's use of tx, once a confirmation under way has
-// finished.
-func (s *session) close() {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
+// finished: once fn has returned, its context is done with the
+// connection, and no token starts on it after.
+func (h *heldTx) close() {
+	h.mu.Lock()
+	h.closed = true
+	h.mu.Unlock()
 }
 
 // DrawRow runs the draw on another connection of the pool. It is sent with
 // the simple protocol, so that it works in every exec mode behind PgBouncer.
-func (s *session) DrawRow(ctx context.Context, query string, dest ...any) error {
+func (s *heldTx) DrawRow(ctx context.Context, query string, dest ...any) error {
 	if s.pool == nil {
 		return fmt.Errorf("%w: fencing tokens are drawn on a second connection, and the lock was given a single connection; give it the *pgxpool.Pool", txlock.ErrNoToken)
 	}
@@ -392,7 +335,7 @@ func (a *acquirer) DrawPool() (any, func(context.Context) (seam.DrawConn, error)
 // drawConn is a pool connection set aside for draws (txlock.WithFencing).
 type drawConn struct{ pc *pgxpool.Conn }
 
-// DrawRow runs the draw with the simple protocol, as session.DrawRow does.
+// DrawRow runs the draw with the simple protocol, as heldTx.DrawRow does.
 func (d drawConn) DrawRow(ctx context.Context, query string, dest ...any) error {
 	return d.pc.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }
@@ -402,7 +345,7 @@ func (d drawConn) Close() { d.pc.Release() }
 // LockRow runs query in the lock's transaction, unless fn has returned. A
 // pgx connection serves one statement at a time: fn must not run its own
 // statements on tx while another goroutine draws a token.
-func (s *session) LockRow(ctx context.Context, query string, dest ...any) error {
+func (s *heldTx) LockRow(ctx context.Context, query string, dest ...any) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {

@@ -11,6 +11,7 @@ package seam
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -42,18 +43,16 @@ type Bound struct {
 	WaitStmt string
 }
 
-// An Acquirer makes a call's attempts and runs fn under a granted lock.
+// An Acquirer makes a call's attempts.
 type Acquirer interface {
-	// Attempt makes one attempt within b. Unless it reports Granted, it
-	// has let go of every connection it took before it returns, and left
-	// none in a transaction.
-	Attempt(ctx context.Context, b Bound) (Outcome, error)
-	// Hold runs fn under the granted lock with st as fn's context, then
-	// commits or rolls back, as WithLock documents. handOn, if not nil,
-	// runs once fn has returned, before the lock ends.
-	Hold(st State, handOn func()) error
-	// HoldUnlocked runs fn without the lock (WithFailOpen).
-	HoldUnlocked(ctx context.Context, st State) error
+	// Attempt makes one attempt within b. If it reports Granted, it returns
+	// the lock's transaction, which fn runs in; otherwise it has let go of
+	// every connection it took before it returns, and left none in a
+	// transaction.
+	Attempt(ctx context.Context, b Bound) (Outcome, Tx, error)
+	// BeginUnlocked begins a transaction without the lock, for
+	// WithFailOpen.
+	BeginUnlocked(ctx context.Context) (Tx, error)
 	// Pooled reports whether the next caller of a local queue can begin
 	// while this call's lock ends.
 	Pooled() bool
@@ -61,6 +60,32 @@ type Acquirer interface {
 	// wait in the server takes without opening one or waiting for one.
 	IdleConn() bool
 }
+
+// A Tx is a transaction that fn runs in: the lock's, or WithFailOpen's.
+// Package txlock runs fn and ends the transaction by WithLock's commit
+// rules; a Tx only says how each step reaches the server. It may also be a
+// Session, for fencing tokens.
+type Tx interface {
+	// Fn runs the call's fn with the transaction, and ctx as fn's context.
+	Fn(ctx context.Context) error
+	// Commit commits, under ctx. It returns an error matching ErrTxDone
+	// if fn had ended the transaction itself, and one matching
+	// ErrRolledBack if the driver rolled it back, without a COMMIT, as
+	// its context ended.
+	Commit(ctx context.Context) error
+	// Rollback rolls back, with a bound of its own: an error matching
+	// ErrTxDone means fn had ended the transaction itself. A transaction
+	// the driver rolled back as its context ended is no error.
+	Rollback() error
+	// Close lets go of the transaction's connection, once it has ended.
+	Close()
+}
+
+// The errors by which a Tx says how its transaction had ended.
+var (
+	ErrTxDone     = errors.New("the transaction had already ended: fn ended it")
+	ErrRolledBack = errors.New("the transaction was rolled back as its context ended")
+)
 
 // A DrawPool is an Acquirer whose db is a pool in which a call can set a
 // connection aside for fencing-token draws (txlock.WithFencing).
@@ -75,16 +100,6 @@ type DrawConn interface {
 	// DrawRow runs query, a draw, and scans its row into dest.
 	DrawRow(ctx context.Context, query string, dest ...any) error
 	Close()
-}
-
-// State is fn's context for one round of a call.
-type State interface {
-	context.Context
-	// Enter makes ctx the context fn's context wraps, and s the session
-	// that fencing tokens use; call it before fn runs.
-	Enter(ctx context.Context, s Session)
-	// Leave marks fn as returned: its lock is gone, or going.
-	Leave()
 }
 
 // Session is the lock's transaction, as fencing tokens need it.
@@ -112,8 +127,6 @@ type Plan struct {
 	// explicit isolation level, which cannot be set after a query), and a
 	// busy attempt leaves the transaction aborted, to be rolled back.
 	BeginFirst bool
-	// MaxHold is WithMaxHold's bound, or 0.
-	MaxHold time.Duration
 }
 
 // Request is one WithLock-family call.
