@@ -181,7 +181,7 @@ func (a *ownTx) hold(st *lockState, handOn func()) error {
 	if st.ev != nil {
 		st.grantedAt = a.h.grantedAt // before the hold bound started
 	}
-	return a.h.run(st, handOn)
+	return a.h.runFn(st, handOn)
 }
 
 // holdUnlocked implements acquirer: fn runs in a transaction of its own,
@@ -195,11 +195,11 @@ func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 	}
 	h := &holder{tx: &sqlHeld{tx: tx, txCtx: txCtx, fn: a.fn}, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
 	st.db, st.tx = a.db, tx
-	return h.run(st, nil)
+	return h.runFn(st, nil)
 }
 
 // idleConn reports whether the pool the call queues on has an idle
-// connection (see config.headWait).
+// connection (see config.headWindow).
 func (a *ownTx) idleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 0 }
 
 // pooled implements acquirer.
@@ -229,50 +229,49 @@ func (t deadlineTie) untie() bool {
 	return t.stopAfter()
 }
 
-// tryLock runs a lock statement in tx and decodes its outcome. A ServerWait
-// window that ends in lock_timeout (55P03), or that the deadlock detector
-// picks (40P01), is a busy lock: the caller rolls the transaction back, which
-// undoes whatever the statement did. (LockTx, whose transaction is the
-// caller's, sorts those errors out itself: see callerTx.)
+// tryLock runs a lock statement in tx, a transaction of txlock's own, and
+// decodes its outcome.
 //
 // The statement's answer is carried in the row count of the command tag (see
 // lockStatement), which database/sql returns as RowsAffected.
 func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
-	out, err := runLockStatement(ctx, sqlTx{tx}, stmt)
+	n, err := sqlTx{tx}.ExecRows(ctx, stmt)
 	if err != nil {
-		switch SQLState(err) {
-		case codeLockNotAvailable, codeDeadlock:
-			return busy, nil
-		}
-	}
-	return out, err
-}
-
-// runLockStatement runs a lock statement in tx and decodes its outcome.
-func runLockStatement(ctx context.Context, tx seam.Execer, stmt string) (outcome, error) {
-	n, err := tx.ExecRows(ctx, stmt)
-	if err != nil {
-		return classify(err)
+		return classifyOwn(err)
 	}
 	return rowsOutcome(n)
 }
 
-// classify sorts a lock statement's error: see seam.Classify. A ServerWait
-// window's end (55P03) and a deadlock (40P01) are not sorted here: in
-// txlock's own transaction they are a busy lock (tryLock), and in a
-// caller's, LockTx sorts them out (callerTx).
-func classify(err error) (seam.Outcome, error) {
+// classifyOwn sorts the error of a lock statement run in a transaction of
+// txlock's own (seam.Classify): a ServerWait window that ends in
+// lock_timeout (55P03), or that the deadlock detector picks (40P01), is a
+// busy lock, since the attempt rolls the transaction back, which undoes
+// whatever the statement did. Everything else is classify's.
+func classifyOwn(err error) (outcome, error) {
+	switch SQLState(err) {
+	case codeLockNotAvailable, codeDeadlock:
+		return busy, nil
+	}
+	return classify(err)
+}
+
+// classify sorts a lock statement's error: (busy, nil) for a busy lock,
+// (standby, nil) for a server in recovery, else (busy, the error,
+// explained). A ServerWait window's end (55P03) and a deadlock (40P01) are
+// not sorted here: in txlock's own transaction they are a busy lock
+// (classifyOwn), and in a caller's, LockTx sorts them out (callerTx).
+func classify(err error) (outcome, error) {
 	switch {
 	case isStandbyError(err):
-		return seam.Standby, nil
+		return standby, nil
 	case isBusyError(err):
-		return seam.Busy, nil
+		return busy, nil
 	case isIsolationError(err):
-		return seam.Busy, errServerWaitIsolation(err)
+		return busy, errServerWaitIsolation(err)
 	case isTermIsolationError(err):
-		return seam.Busy, errTermIsolation(err)
+		return busy, errTermIsolation(err)
 	}
-	return seam.Busy, fmt.Errorf("txlock: lock statement: %w", err)
+	return busy, fmt.Errorf("txlock: lock statement: %w", err)
 }
 
 // rowsOutcome decodes the row count of a lock statement: see lockStatement.

@@ -37,9 +37,7 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
 	c.ev.start(ctx)
 	var q *ticket
-	if try {
-		c.mode = tryOnce
-	} else if h := queueHandle(db); h != nil {
+	if h := queueHandle(db); h != nil && !try {
 		q = &t.q
 		q.key = queueKey{handle: h, stmt: a.stmt}
 		a.pool, _ = h.(*sql.DB)
@@ -60,7 +58,7 @@ func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try b
 		st.draw = d
 	}
 	ta := termAttempter{a: a}
-	err := c.wait(ctx, &st.lock, &ta, q)
+	err := c.wait(ctx, c.waitMode(try), &st.lock, &ta, q)
 	if err != nil {
 		if q != nil {
 			q.leave()

@@ -42,7 +42,7 @@ func BenchEvents(b *testing.B, o Observer) {
 		c.ev = events{o: o}
 		c.ev.start(context.Background())
 		*st = lockState{}
-		if _, err := run(context.Background(), c, a, keys, nil, st); err != nil {
+		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, keys, nil, st); err != nil {
 			b.Fatal(err)
 		}
 	}

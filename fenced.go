@@ -115,7 +115,7 @@ func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, w
 	match := t.match(&args, where)
 	sb.WriteString(match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) " + tok + ") RETURNING 1)\n")
 	sb.WriteString(t.outcome(match))
-	return t.run(ctx, q, sb.String(), args, token)
+	return t.exec(ctx, q, sb.String(), args, token)
 }
 
 // Delete deletes the rows whose columns equal those of where and whose token
@@ -129,7 +129,7 @@ func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where 
 	match := t.match(&args, where)
 	stmt := "WITH w AS (DELETE FROM " + t.table + " WHERE " + match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) $1) RETURNING 1)\n" +
 		t.outcome(match)
-	return t.run(ctx, q, stmt, args, token)
+	return t.exec(ctx, q, stmt, args, token)
 }
 
 // Upsert inserts a row with the columns of key and set and the fence column
@@ -167,7 +167,7 @@ func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, s
 	}
 	m := strings.Join(match, " AND ")
 	sb.WriteString("SELECT (SELECT pg_catalog.count(*) FROM w), 1, (SELECT pg_catalog.max(" + t.fence + ") FROM " + t.table + " WHERE " + m + ")")
-	_, err = t.run(ctx, q, sb.String(), args, token)
+	_, err = t.exec(ctx, q, sb.String(), args, token)
 	return err
 }
 
@@ -249,9 +249,9 @@ func (t *fencedStmt) outcome(match string) string {
 		"), (SELECT pg_catalog.max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")"
 }
 
-// run executes a fenced write whose statement returns (written, matched,
+// exec executes a fenced write whose statement returns (written, matched,
 // max token) and turns that into the result.
-func (t *fencedStmt) run(ctx context.Context, q Querier, stmt string, args []any, token int64) (int64, error) {
+func (t *fencedStmt) exec(ctx context.Context, q Querier, stmt string, args []any, token int64) (int64, error) {
 	var written, matched int64
 	var current sql.NullInt64
 	if err := q.QueryRowContext(ctx, stmt, args...).Scan(&written, &matched, &current); err != nil {

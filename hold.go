@@ -11,7 +11,7 @@ import (
 )
 
 // holder is a transaction that fn runs in, the lock's or WithFailOpen's,
-// with the contexts bound to it. Its run method is the commit rules of
+// with the contexts bound to it. Its runFn method is the commit rules of
 // WithLock, for every driver: a seam.Tx says only how each step reaches
 // the server.
 type holder struct {
@@ -55,10 +55,10 @@ func (h *holder) release() {
 	h.tx.Close()
 }
 
-// run runs fn in the holder's transaction and commits or rolls back, as
+// runFn runs fn in the holder's transaction and commits or rolls back, as
 // WithLock documents. handOn, if not nil, runs once fn has returned, before
 // the commit or rollback.
-func (h *holder) run(st *lockState, handOn func()) error {
+func (h *holder) runFn(st *lockState, handOn func()) error {
 	defer h.release()
 	defer st.ended.Store(true)
 	done := false

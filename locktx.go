@@ -61,14 +61,11 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	if err := key.Err(); err != nil {
 		return false, err
 	}
-	if try {
-		c.mode = tryOnce
-	}
 	a.one[0] = key
 	a.info = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.stmt = lockStatement(a.info.Keys, c.shared, c.maxHold, formCallerTx)
 	c.ev.start(ctx)
-	err := c.wait(ctx, &a.info, a, nil)
+	err := c.wait(ctx, c.waitMode(try), &a.info, a, nil)
 	if errors.Is(err, errBusy) {
 		return false, nil
 	}
@@ -121,4 +118,13 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	// The isolation level was refused (see waitStatement). The caller's
 	// transaction is still usable.
 	return busy, err
+}
+
+// runLockStatement runs a lock statement in tx and decodes its outcome.
+func runLockStatement(ctx context.Context, tx seam.Execer, stmt string) (outcome, error) {
+	n, err := tx.ExecRows(ctx, stmt)
+	if err != nil {
+		return classify(err)
+	}
+	return rowsOutcome(n)
 }

@@ -26,18 +26,28 @@ const DefaultSerializationRetries = 3
 // ErrInvalidArgument.
 type Option func(*config)
 
+// waitMode is how a call of these options waits for a busy lock: try
+// makes one attempt.
+func (c *config) waitMode(try bool) waitMode {
+	switch {
+	case try:
+		return tryOnce
+	case c.serverWait != nil:
+		return inServer
+	}
+	return polling
+}
+
 type config struct {
 	timeout    time.Duration
 	retry      RetryStrategy
 	retrySet   bool
 	serverWait *ServerWait // set by WithServerWait
-	mode       waitMode
-	// headWait is set for the default strategy (polling, no WithRetry) of
-	// the WithLock family at ReadCommitted: a call for one key that has
-	// its local queue's turn, on a pool with an idle connection, makes one
-	// attempt per round as a window of headWindow in the server's lock
-	// queue (see wait).
-	headWait      bool
+	// headWindow is set for DefaultRetry in the WithLock family at
+	// ReadCommitted: a call for one key that has its local queue's turn,
+	// on a pool with an idle connection, makes one attempt per round a
+	// ServerWait window of DefaultServerWaitWindow (see wait).
+	headWindow    bool
 	clock         clock
 	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction
 	obs           Observer // set by New and WithObserver
@@ -77,14 +87,10 @@ func WithTimeout(d time.Duration) Option {
 	}
 }
 
-// WithRetry sets how long to sleep between polling attempts, and makes the
-// call poll only. Without it, the zero ExponentialBackoff is used, and the
-// caller that has its local queue's turn makes one attempt as a wait of up
-// to 200ms in the server's lock queue, if its pool has an idle connection
-// and the transaction is ReadCommitted (see the package documentation's
-// "Local queues"). Waiters hold no connection while they sleep. It cannot
-// be combined with WithServerWait, which waits in the server instead of
-// sleeping.
+// WithRetry sets how long to sleep between polling attempts. Every strategy
+// but DefaultRetry, the one used without WithRetry, polls only. Waiters hold
+// no connection while they sleep. It cannot be combined with
+// WithServerWait, which waits in the server instead of sleeping.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {
@@ -260,7 +266,7 @@ func WithFencing() Option {
 // TryLockTx. c lives inside the call's own state, so that a call costs one
 // allocation fewer.
 func (c *config) init(opts []Option, inTx bool) error {
-	*c = config{timeout: DefaultTimeout, retry: ExponentialBackoff{}, clock: realClock{}, inTx: inTx}
+	*c = config{timeout: DefaultTimeout, retry: DefaultRetry, clock: realClock{}, inTx: inTx}
 	for _, o := range opts {
 		if o == nil {
 			c.fail("nil Option")
@@ -297,9 +303,8 @@ func (c *config) init(opts []Option, inTx bool) error {
 			// the previous holder commits: fn would not see its writes.
 			return fmt.Errorf("%w: ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", ErrInvalidArgument, c.txOpts.Isolation)
 		}
-		c.mode = inServer
 	}
-	c.headWait = c.mode == polling && !c.retrySet && !inTx && !c.term &&
+	c.headWindow = c.retry == DefaultRetry && c.serverWait == nil && !inTx && !c.term &&
 		(c.txOpts == nil || c.txOpts.Isolation < sql.LevelRepeatableRead)
 	return nil
 }

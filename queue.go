@@ -30,7 +30,7 @@ import (
 //     that COMMIT (BEGIN takes none in PostgreSQL). It holds that begun
 //     transaction for at most maxEarlyBegin of a slow COMMIT; then it rolls
 //     back and waits without a connection (see ownTx.begin). With the
-//     default strategy (see config.headWait) that lock statement is the
+//     default strategy (see config.headWindow) that lock statement is the
 //     cheap poll, unless such a poll found the lock taken before (queue.remote:
 //     other processes wait for it in the server); then it is the call's
 //     window in the server, which queues behind them.
@@ -104,7 +104,7 @@ func (t *ticket) othersQueued() bool {
 
 // recentlyBusy records, for the local queue keys hashed into its slots,
 // when a call of the default strategy last found its lock busy (see
-// config.headWait): a call whose key was busy within hotFor queues before
+// config.headWindow): a call whose key was busy within hotFor queues before
 // its first attempt, and so waits in the server at once, instead of first
 // making a poll that would most likely find the lock busy too. Keys that
 // share a slot only share that hint.

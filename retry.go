@@ -194,6 +194,19 @@ func (s ServerWait) window() time.Duration {
 	return s.Window
 }
 
+// DefaultRetry is the strategy of a call given neither WithRetry nor
+// WithServerWait, and WithRetry(DefaultRetry) is the same as no WithRetry.
+// It sleeps as ExponentialBackoff{} does between polling attempts, and the
+// first caller of a process's local queue for one key makes one attempt
+// per call a ServerWait window of DefaultServerWaitWindow, when its pool
+// has an idle connection and the transaction is ReadCommitted: what makes
+// the default fair between processes (see the package documentation's
+// "Local queues"). To poll only, pass WithRetry(ExponentialBackoff{}), or
+// any other strategy.
+var DefaultRetry RetryStrategy = defaultRetry{}
+
+type defaultRetry struct{ ExponentialBackoff }
+
 // NoRetry makes exactly one attempt. With WithLock, a busy lock then ends in
 // ErrLockTimeout at once; TryWithLock reports it as not acquired.
 var NoRetry RetryStrategy = noRetry{}

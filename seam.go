@@ -17,7 +17,7 @@ func init() {
 	seam.Run = runDriver
 	seam.LockTx = lockTxDriver
 	seam.RowsOutcome = rowsOutcome
-	seam.Classify = classify
+	seam.Classify = classifyOwn
 	seam.Queued = queuedCallers
 }
 
@@ -73,7 +73,7 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
 	d.sessionOf(st, d.h.tx)
-	return d.h.run(st, handOn)
+	return d.h.runFn(st, handOn)
 }
 
 func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {
@@ -83,7 +83,7 @@ func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error 
 	}
 	d.sessionOf(st, tx)
 	h := &holder{tx: tx, txCtx: ctx, fnCtx: ctx}
-	return h.run(st, nil)
+	return h.runFn(st, nil)
 }
 
 // sessionOf makes tx the session that st's fencing tokens use, if it is
@@ -123,7 +123,7 @@ func (d driverDrawConn) drawRow(ctx context.Context, query string, dest ...any) 
 func (d driverDrawConn) close() { d.c.Close() }
 
 // idleConn reports whether the driver's pool has an idle connection, for
-// the default strategy's window in the server (see config.headWait).
+// the default strategy's window in the server (see config.headWindow).
 func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
 
 // runDriver implements seam.Run: WithLock's validation and lock loop, with
@@ -148,14 +148,11 @@ func runDriver(ctx context.Context, r *seam.Request) (bool, error) {
 	}
 	c.ev.start(ctx)
 	var t *ticket
-	switch {
-	case r.Try:
-		c.mode = tryOnce
-	case !c.shared && r.Queue != nil:
+	if !r.Try && !c.shared && r.Queue != nil {
 		t = &dc.t
-		t.key = queueKey{handle: r.Queue, stmt: r.Plan.Query, serverWait: c.mode == inServer}
+		t.key = queueKey{handle: r.Queue, stmt: r.Plan.Query, serverWait: c.serverWait != nil}
 	}
-	return run(ctx, c, &dc.a, keys, t, &dc.st0)
+	return lockLoop(ctx, c, c.waitMode(r.Try), &dc.a, keys, t, &dc.st0)
 }
 
 // driverPlan builds what a driver call sends: its BEGIN, and its polling

@@ -62,7 +62,7 @@ var (
 // reported with ErrInvalidArgument or ErrInvalidKey before the database is
 // touched.
 func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := newCall(db, fn, false).run(ctx, key, nil, opts)
+	_, err := newCall(db, fn, false).start(ctx, key, nil, opts)
 	return err
 }
 
@@ -70,7 +70,7 @@ func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Con
 // attempt asks for all of them, in canonical order, in one statement, and a
 // partial grant is rolled back with the attempt. It never deadlocks.
 func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := newCall(db, fn, true).run(ctx, Key{}, keys, opts)
+	_, err := newCall(db, fn, true).start(ctx, Key{}, keys, opts)
 	return err
 }
 
@@ -83,14 +83,14 @@ func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context
 func TryWithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
 	cl := newCall(db, fn, false)
 	cl.try = true
-	return cl.run(ctx, key, nil, opts)
+	return cl.start(ctx, key, nil, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
 	cl := newCall(db, fn, true)
 	cl.try = true
-	return cl.run(ctx, Key{}, keys, opts)
+	return cl.start(ctx, Key{}, keys, opts)
 }
 
 // Lock describes, inside fn, the lock fn runs under. Get it with
@@ -217,8 +217,8 @@ func newCall(db Beginner, fn func(context.Context, *sql.Tx) error, multi bool) *
 	return cl
 }
 
-// run validates the call's arguments, then locks and runs fn (see WithLock).
-func (cl *call) run(ctx context.Context, key Key, keys []Key, opts []Option) (acquired bool, err error) {
+// start validates the call's arguments, then locks and runs fn (see WithLock).
+func (cl *call) start(ctx context.Context, key Key, keys []Key, opts []Option) (acquired bool, err error) {
 	c, a := &cl.c, &cl.a
 	if err := c.init(opts, false); err != nil {
 		return false, err
@@ -243,25 +243,23 @@ func (cl *call) run(ctx context.Context, key Key, keys []Key, opts []Option) (ac
 	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
-	switch {
-	case cl.try:
-		c.mode = tryOnce
-	case !c.shared:
+	if !cl.try && !c.shared {
 		if h := queueHandle(a.db); h != nil {
 			t = &cl.t
-			t.key = queueKey{handle: h, stmt: a.stmt, serverWait: c.mode == inServer}
+			t.key = queueKey{handle: h, stmt: a.stmt, serverWait: c.serverWait != nil}
 			a.pool, _ = h.(*sql.DB)
 		}
 	}
-	return run(ctx, c, a, a.keys, t, &cl.st0)
+	return lockLoop(ctx, c, c.waitMode(cl.try), a, a.keys, t, &cl.st0)
 }
 
-// run is the lock loop of the WithLock family: wait for the lock, run fn
+// lockLoop is the lock loop of the WithLock family: wait for the lock, run fn
 // under it, and again after a serialization failure (WithSerializationRetries);
-// or, for WithFailOpen, run fn without the lock once the wait timed out. t
+// or, for WithFailOpen, run fn without the lock once the wait timed out. mode
+// is how the call waits (config.waitMode). t
 // is the call's place in its local queue, or nil if the call does not queue;
 // st0 is the first round's fn context.
-func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 *lockState) (acquired bool, err error) {
+func lockLoop(ctx context.Context, c *config, mode waitMode, a acquirer, keys []Key, t *ticket, st0 *lockState) (acquired bool, err error) {
 	if t != nil {
 		defer t.leave()
 	}
@@ -287,7 +285,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 		if ev.on() {
 			st.ev = ev
 		}
-		if err := c.wait(ctx, &st.lock, a, t); err != nil {
+		if err := c.wait(ctx, mode, &st.lock, a, t); err != nil {
 			if t != nil {
 				t.leave()
 			}
@@ -315,7 +313,7 @@ func run(ctx context.Context, c *config, a acquirer, keys []Key, t *ticket, st0 
 		if t != nil && t.entered() && a.pooled() {
 			// The next caller may start as soon as fn is done (see
 			// queue.go).
-			if c.mode == inServer {
+			if mode == inServer {
 				handOn = t.handOn
 			} else {
 				handOn = t.handOnEarly

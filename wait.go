@@ -79,7 +79,10 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // attempt and every sleep ends by the deadline: then, or when ctx ends, the
 // result is what waitEnded says (a *LockTimeoutError, or a *CanceledError
 // for a cancelled ctx).
-func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) error {
+func (c *config) wait(ctx context.Context, mode waitMode, lock *Lock, a attempter, t *ticket) error {
+	// headWindow is the call's: a server that refuses the window is polled
+	// for the rest of the wait.
+	headWindow := c.headWindow && mode == polling
 	start := c.clock.now()
 	ev := &c.ev
 	if ev.on() {
@@ -100,7 +103,7 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		if c.mode == tryOnce && !errors.Is(err, context.Canceled) {
+		if mode == tryOnce && !errors.Is(err, context.Canceled) {
 			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
 		}
 		return timeout()
@@ -122,33 +125,33 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 	// if others are queued already, so as not to overtake them, or, with
 	// the default strategy, if its lock was busy recently: its first
 	// attempt can then be its window in the server.
-	if t != nil && (c.mode == inServer || t.othersQueued() || c.headWait && t.hot(start)) && !enter() {
+	if t != nil && (mode == inServer || t.othersQueued() || headWindow && t.hot(start)) && !enter() {
 		return timeout()
 	}
 	headWaited := false // the call made its one window as the queue's head
 	for {
 		b.window = 0
 		switch {
-		case c.mode == inServer:
+		case mode == inServer:
 			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
-		case c.headWait && c.mode == polling && !headWaited && len(lock.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
+		case headWindow && mode == polling && !headWaited && len(lock.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
 			// A handoff from this process's holder (prevEnd) leaves the
 			// lock free for a cheaper poll, unless other processes wait
 			// for it in the server. Only a single key waits: lock_timeout
 			// bounds each key's wait, so a window over several keys could
 			// last a window per key, holding the keys it has.
-			b.window = max(min(headWindow, b.deadline.Sub(c.clock.now())), time.Millisecond)
+			b.window = max(min(DefaultServerWaitWindow, b.deadline.Sub(c.clock.now())), time.Millisecond)
 			headWaited = true
 		}
 		out, err := a.attempt(ctx, b)
-		if err != nil && c.mode == polling && b.window > 0 && isIsolationError(err) {
+		if err != nil && mode == polling && b.window > 0 && isIsolationError(err) {
 			// The server's default isolation is above ReadCommitted: the
 			// window was refused before it waited. Poll instead.
-			c.headWait = false
+			headWindow = false
 			continue
 		}
 		if err == nil && b.prevEnd != nil {
-			if b.window == 0 && c.headWait {
+			if b.window == 0 && headWindow {
 				t.q.remote = out == busy
 			}
 			// The attempt waited for the previous holder's end before its
@@ -160,7 +163,7 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 			// Only the wait's own end is a timeout: a connection error
 			// that happens to arrive after the deadline stays what it is
 			// (and never triggers WithFailOpen).
-			if c.mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
+			if mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
 				if b.window > 0 {
 					// The wait ended while the statement waited in the
 					// server: that window was an attempt, and found the
@@ -196,10 +199,10 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 		if ev.on() {
 			ev.emit(Event{Kind: Busy, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 		}
-		if c.headWait && t != nil {
+		if headWindow && t != nil {
 			t.markBusy(c.clock.now())
 		}
-		if c.mode == tryOnce {
+		if mode == tryOnce {
 			if ev.on() {
 				ev.emit(Event{Kind: Skipped, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
 			}
@@ -225,11 +228,6 @@ func (c *config) wait(ctx context.Context, lock *Lock, a attempter, t *ticket) e
 		}
 	}
 }
-
-// headWindow is how long a polling call with the default strategy waits in
-// the server's lock queue, once, when it has its local queue's turn and its
-// pool an idle connection (see config.headWait).
-const headWindow = 200 * time.Millisecond
 
 // idleConn reports whether a's pool has an idle connection, which a window
 // in the server takes without opening one or waiting for one.
@@ -261,7 +259,7 @@ func (w *waitCtx) stop() {
 // pause is how long to sleep after n busy attempts: a negative duration
 // means stop trying.
 func (c *config) pause(n int) time.Duration {
-	if c.mode == inServer {
+	if c.serverWait != nil {
 		return jitter(c.serverWait.Pause)
 	}
 	return c.retry.Backoff(n)

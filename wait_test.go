@@ -210,7 +210,7 @@ type result struct {
 func start(ctx context.Context, c *config, a acquirer, t *ticket) <-chan result {
 	done := make(chan result, 1)
 	go func() {
-		ok, err := run(ctx, c, a, testKeys, t, &lockState{})
+		ok, err := lockLoop(ctx, c, c.waitMode(false), a, testKeys, t, &lockState{})
 		done <- result{ok, err}
 	}()
 	return done
@@ -374,7 +374,7 @@ func TestWaitDeadlineAttempts(t *testing.T) {
 			clk := newFakeClock()
 			c := testConfig(t, clk, tc.opts...)
 			a := &deadlineGuard{fakeLock: &fakeLock{name: "a", srv: srv}, clk: clk}
-			ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+			ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, nil, &lockState{})
 			assert.Zero(t, a.late.Load(), "an attempt started at or after the deadline")
 			assert.False(t, ok)
 			var te *LockTimeoutError
@@ -424,7 +424,7 @@ func TestWaitAttemptErrors(t *testing.T) {
 				return busy, tc.err
 			})
 			lock := Lock{Keys: testKeys}
-			err := c.wait(context.Background(), &lock, a, nil)
+			err := c.wait(context.Background(), c.waitMode(false), &lock, a, nil)
 			assert.Equal(t, tc.timeout, errors.Is(err, ErrLockTimeout), "%v", err)
 			if !tc.timeout {
 				assert.ErrorIs(t, err, tc.err)
@@ -444,9 +444,8 @@ func TestWaitTryOnce(t *testing.T) {
 	srv := &fakeServer{}
 	require.True(t, srv.take("outsider"))
 	c := testConfig(t, newFakeClock(), WithServerWait(ServerWait{}))
-	c.mode = tryOnce
 	a := &fakeLock{name: "a", srv: srv}
-	ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+	ok, err := lockLoop(context.Background(), c, tryOnce, a, testKeys, nil, &lockState{})
 	require.NoError(t, err)
 	assert.False(t, ok)
 	require.Len(t, a.attempts(), 1)
@@ -454,13 +453,13 @@ func TestWaitTryOnce(t *testing.T) {
 	assert.Zero(t, QueueRefs())
 
 	srv.release("outsider")
-	ok, err = run(context.Background(), c, a, testKeys, nil, &lockState{})
+	ok, err = lockLoop(context.Background(), c, tryOnce, a, testKeys, nil, &lockState{})
 	require.NoError(t, err)
 	assert.True(t, ok)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	ok, err = run(ctx, c, a, testKeys, nil, &lockState{})
+	ok, err = lockLoop(ctx, c, tryOnce, a, testKeys, nil, &lockState{})
 	assert.False(t, ok)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.NotErrorIs(t, err, ErrLockTimeout)
@@ -488,7 +487,7 @@ func TestWaitServerWaitQueueing(t *testing.T) {
 		lock := Lock{Keys: testKeys}
 		rec := &recordingAttempter{a: a}
 		tk := newTicket(new(int), true)
-		err := c.wait(context.Background(), &lock, rec, tk)
+		err := c.wait(context.Background(), c.waitMode(false), &lock, rec, tk)
 		tk.leave()
 		var te *LockTimeoutError
 		require.ErrorAs(t, err, &te)
@@ -563,7 +562,7 @@ func TestRunSerializationRetries(t *testing.T) {
 		states = append(states, st)
 		return sqlStateError("40001")
 	}}
-	ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+	ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, nil, &lockState{})
 	assert.True(t, ok)
 	assert.Equal(t, "40001", SQLState(err))
 	assert.Equal(t, int32(3), rounds.Load(), "one round and two retries")
@@ -588,16 +587,13 @@ func TestRunRetryStoppedReportsFnError(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := &fakeServer{}
 			c := testConfig(t, newFakeClock(), append([]Option{WithSerializationRetries(1)}, tc.opts...)...)
-			if tc.try {
-				c.mode = tryOnce
-			}
 			rounds := 0
 			a := &retryLock{fakeLock: fakeLock{name: "a", srv: srv}, fail: func(*lockState) error {
 				rounds++
 				return sqlStateError("40001")
 			}}
 			a.afterRelease = func() { require.True(t, srv.take("outsider")) }
-			ok, err := run(context.Background(), c, a, testKeys, nil, &lockState{})
+			ok, err := lockLoop(context.Background(), c, c.waitMode(tc.try), a, testKeys, nil, &lockState{})
 			assert.True(t, ok, "fn ran under the lock")
 			assert.Equal(t, 1, rounds)
 			assert.Equal(t, "40001", SQLState(err), "fn's error is reachable: %v", err)
@@ -710,7 +706,7 @@ func testRetriesRequeue(t *testing.T, wantRefs []int, opts ...Option) {
 	// A guard, not a timing assertion: the rounds take microseconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ok, err := run(ctx, c, a, testKeys, newTicket(new(int), false), &lockState{})
+	ok, err := lockLoop(ctx, c, c.waitMode(false), a, testKeys, newTicket(new(int), false), &lockState{})
 	assert.True(t, ok)
 	assert.Equal(t, "40001", SQLState(err), "%v", err)
 	assert.Equal(t, wantRefs, refs, "the first round holds the turn; the retries, uncontended, need none unless the key was busy recently")
@@ -729,7 +725,7 @@ func TestWaitTurnThenAttemptAtOnce(t *testing.T) {
 	a := &fakeLock{name: "a", srv: srv, onBusy: sync.OnceFunc(func() { srv.release("outsider") })}
 	tk := newTicket(new(int), false)
 	lock := Lock{Keys: testKeys}
-	err := c.wait(context.Background(), &lock, a, tk)
+	err := c.wait(context.Background(), c.waitMode(false), &lock, a, tk)
 	tk.leave()
 	require.NoError(t, err)
 	assert.Equal(t, 2, lock.Attempts)
@@ -746,7 +742,7 @@ func TestWaitFailOpenLeavesQueue(t *testing.T) {
 	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithTimeout(50*time.Millisecond),
 		WithFailOpen(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	a := &failOpenLock{fakeLock: &fakeLock{name: "a", srv: srv}}
-	ok, err := run(context.Background(), c, a, testKeys, newTicket(new(int), false), &lockState{})
+	ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, newTicket(new(int), false), &lockState{})
 	require.NoError(t, err)
 	assert.False(t, ok)
 	require.Equal(t, []int{0}, a.refs, "fn ran once, after the call left its queue")
@@ -778,8 +774,8 @@ func (f *idleLock) idleConn() bool { return f.idle }
 // a pool with an idle connection, makes one attempt as a window in the
 // server, then polls. Its first attempt, before it queued, is a poll,
 // unless its key was found busy within hotFor: then it queues first, and
-// that attempt is the window. It makes no window with a RetryStrategy of
-// its own, above ReadCommitted, or without an idle connection.
+// that attempt is the window. It makes no window with a RetryStrategy other
+// than DefaultRetry, above ReadCommitted, or without an idle connection.
 func TestWaitHeadWindow(t *testing.T) {
 	rr := WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	for _, tc := range []struct {
@@ -790,9 +786,10 @@ func TestWaitHeadWindow(t *testing.T) {
 		windows []time.Duration // of the attempts
 		keys    []Key           // testKeys if nil
 	}{
-		{"default", nil, true, false, []time.Duration{0, headWindow, 0, 0}, nil},
-		{"recently busy", nil, true, true, []time.Duration{headWindow, 0, 0, 0}, nil},
+		{"default", nil, true, false, []time.Duration{0, DefaultServerWaitWindow, 0, 0}, nil},
+		{"recently busy", nil, true, true, []time.Duration{DefaultServerWaitWindow, 0, 0, 0}, nil},
 		{"no idle connection", nil, false, false, []time.Duration{0, 0, 0, 0}, nil},
+		{"WithRetry(DefaultRetry)", []Option{WithRetry(DefaultRetry)}, true, true, []time.Duration{DefaultServerWaitWindow, 0, 0, 0}, nil},
 		{"WithRetry", []Option{WithRetry(ExponentialBackoff{})}, true, true, []time.Duration{0, 0, 0, 0}, nil},
 		{"RepeatableRead", []Option{rr}, true, true, []time.Duration{0, 0, 0, 0}, nil},
 		// lock_timeout bounds each key's wait: a window over two keys
@@ -818,7 +815,7 @@ func TestWaitHeadWindow(t *testing.T) {
 			if tc.keys != nil {
 				lock.Keys = tc.keys
 			}
-			err := c.wait(context.Background(), &lock, a, tk)
+			err := c.wait(context.Background(), c.waitMode(false), &lock, a, tk)
 			tk.leave()
 			require.NoError(t, err)
 			var windows []time.Duration

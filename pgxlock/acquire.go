@@ -128,17 +128,11 @@ func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b 
 	out := seam.Busy
 	if err == nil {
 		out, err = seam.RowsOutcome(tag.RowsAffected())
+	} else if pastDeadline(err, b.Deadline) {
+		err = fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 	} else {
-		switch txlock.SQLState(err) {
-		case "55P03", "40P01": // the window passed, or the deadlock detector chose this wait
-			out, err = seam.Busy, nil
-		default:
-			if pastDeadline(err, b.Deadline) {
-				err = fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
-			} else {
-				out, err = seam.Classify(err)
-			}
-		}
+		// The window's end (55P03) and a deadlock (40P01) are a busy lock.
+		out, err = seam.Classify(err)
 	}
 	if err != nil || out != seam.Granted {
 		_ = end(ctx, tx)

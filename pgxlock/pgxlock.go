@@ -81,26 +81,26 @@ type DB interface {
 // runs fn in the same transaction, and commits: txlock.WithLock, with a
 // pgx.Tx.
 func WithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := run(ctx, db, key, nil, false, false, fn, opts)
+	_, err := lockCall(ctx, db, key, nil, false, false, fn, opts)
 	return err
 }
 
 // WithLocks is WithLock for several keys, taken all or nothing:
 // txlock.WithLocks.
 func WithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := run(ctx, db, txlock.Key{}, keys, true, false, fn, opts)
+	_, err := lockCall(ctx, db, txlock.Key{}, keys, true, false, fn, opts)
 	return err
 }
 
 // TryWithLock makes one attempt at key; if the lock is busy it returns
 // (false, nil) without running fn: txlock.TryWithLock.
 func TryWithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return run(ctx, db, key, nil, false, true, fn, opts)
+	return lockCall(ctx, db, key, nil, false, true, fn, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return run(ctx, db, txlock.Key{}, keys, true, true, fn, opts)
+	return lockCall(ctx, db, txlock.Key{}, keys, true, true, fn, opts)
 }
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -142,7 +142,7 @@ type call struct {
 	key txlock.Key
 }
 
-func run[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
+func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
 	cl := &call{}
 	a := &cl.a
 	switch db := any(db).(type) {

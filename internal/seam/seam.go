@@ -173,10 +173,10 @@ var (
 	// RowsOutcome decodes the row count of a statement that reports its
 	// outcome in rows (WaitStmt, and the statements of LockTx).
 	RowsOutcome func(n int64) (Outcome, error)
-	// Classify sorts a lock statement's error: (Busy, nil) for a busy
-	// lock, (Standby, nil) for a server in recovery, else (Busy, the
-	// error, explained). A ServerWait window's end (55P03) and a deadlock
-	// (40P01) are the caller's to sort out.
+	// Classify sorts the error of a lock statement run in a transaction
+	// of the call's own: (Busy, nil) for a busy lock (a ServerWait
+	// window's end and a deadlock included), (Standby, nil) for a server
+	// in recovery, else (Busy, the error, explained).
 	Classify func(err error) (Outcome, error)
 	// Queued counts the callers in this process's local queues, for the
 	// driver packages' tests.
