@@ -243,7 +243,7 @@ func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
 }
 
 // classifyOwn sorts the error of a lock statement run in a transaction of
-// txlock's own (seam.Classify): a ServerWait window that ends in
+// txlock's own, database/sql's or a driver's: a ServerWait window that ends in
 // lock_timeout (55P03), or that the deadlock detector picks (40P01), is a
 // busy lock, since the attempt rolls the transaction back, which undoes
 // whatever the statement did. Everything else is classify's.

@@ -198,6 +198,9 @@ func (t *ticket) handOn() { t.passTurn(nil) }
 // (or it gave up): it closes end, and passes the turn on if it still has it,
 // with what the turn carried.
 func (t *ticket) leave() {
+	if t == nil {
+		return
+	}
 	if t.end != nil {
 		close(t.end)
 		t.end = nil
@@ -259,3 +262,15 @@ func queueHandle(db Beginner) any {
 }
 
 var sqlDBType = reflect.TypeOf((*sql.DB)(nil))
+
+// queuedCallers counts the callers in this process's local queues: those
+// with the turn, and those waiting for it.
+func queuedCallers() int {
+	queues.Lock()
+	defer queues.Unlock()
+	n := 0
+	for _, q := range queues.m {
+		n += q.refs()
+	}
+	return n
+}

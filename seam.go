@@ -9,28 +9,14 @@ import (
 )
 
 // This file plugs the driver packages (pgxlock) into the lock loop, through
-// internal/seam: a driver's acquirer makes the attempts and runs fn, and the
-// loop, the options, the local queues and the events stay the ones of
+// internal/seam: a driver makes the attempts, and the loop decides their
+// outcomes and runs fn; the
+// options, the local queues and the events stay the ones of
 // WithLock.
 
 func init() {
 	seam.Run = runDriver
 	seam.LockTx = lockTxDriver
-	seam.RowsOutcome = rowsOutcome
-	seam.Classify = classifyOwn
-	seam.Queued = queuedCallers
-}
-
-// queuedCallers counts the callers in this process's local queues: those
-// with the turn, and those waiting for it.
-func queuedCallers() int {
-	queues.Lock()
-	defer queues.Unlock()
-	n := 0
-	for _, q := range queues.m {
-		n += q.refs()
-	}
-	return n
 }
 
 // driverCall is the state of one driver call, in one allocation.
@@ -57,18 +43,37 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	if b.window > 0 {
 		sb.WaitStmt = waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
 	}
-	out, tx, err := d.a.Attempt(ctx, sb)
-	if err == nil && out == granted {
-		// The driver's transaction has no context of its own: fn's
-		// statements end with fn's context, which the hold bound, if
-		// any, ends (and the server's side of the bound ends the
-		// session).
-		d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
-		if d.c.maxHold > 0 {
-			d.h.bound(d.c.maxHold)
-		}
+	r, err := d.a.Attempt(ctx, sb)
+	if err != nil {
+		return busy, err
 	}
-	return out, err
+	out := granted
+	switch {
+	case r.Err != nil:
+		// Every error of a statement in a transaction of the call's own,
+		// a window's end and a deadlock among them.
+		return classifyOwn(r.Err)
+	case b.window > 0:
+		out, err = rowsOutcome(r.Rows)
+	}
+	tx := r.Tx
+	if out == granted && err == nil && ctx.Err() != nil {
+		// ctx ended as the lock was granted: fn must not start.
+		out, err = busy, ctx.Err()
+	}
+	if out != granted || err != nil {
+		_ = tx.Rollback()
+		tx.Close()
+		return out, err
+	}
+	// The driver's transaction has no context of its own: fn's statements
+	// end with fn's context, which the hold bound, if any, ends (and the
+	// server's side of the bound ends the session).
+	d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	if d.c.maxHold > 0 {
+		d.h.bound(d.c.maxHold)
+	}
+	return granted, nil
 }
 
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error {

@@ -98,7 +98,7 @@ type Term struct {
 // check the term's local expiry, so that a holder that was frozen past the
 // TTL finds its context cancelled the moment it looks. Contexts derived
 // from it with a cancel of their own register on base, and do not check:
-// Held does, through termOf.
+// Held does, as fn's context is an ownTerm.
 type termContext struct {
 	context.Context
 	t *Term
@@ -241,13 +241,8 @@ func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context
 	return relErr
 }
 
-// termOf returns the term whose context st is, or nil for a WithLock fn's.
-func termOf(st *lockState) *Term {
-	if tc, ok := st.Context.(*termContext); ok {
-		return tc.t
-	}
-	return nil
-}
+// fenceToken implements ownTerm.
+func (c *termContext) fenceToken(seq string) (int64, error) { return c.t.fenceToken(seq) }
 
 // fenceToken is Fencer.Token on the term's context, for the sequence seq:
 // the term's own token, drawn when it began. A second draw is never made:

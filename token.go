@@ -81,7 +81,7 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if t := termOf(st); t != nil {
+	if t, ok := st.Context.(ownTerm); ok {
 		return t.fenceToken(seq)
 	}
 	return drawToken(ctx, st, seq)

@@ -126,10 +126,18 @@ func Held(ctx context.Context) bool {
 	if !ok || !st.lock.Held || st.ended.Load() {
 		return false
 	}
-	if t := termOf(st); t != nil && t.Err() != nil {
+	if t, ok := st.Context.(ownTerm); ok && t.Err() != nil {
 		return false
 	}
 	return ctx.Err() == nil
+}
+
+// ownTerm is fn's context when its lock is a term's (termContext, see
+// term.go): its Err checks the term's local expiry, and its fencing token
+// is the term's own.
+type ownTerm interface {
+	context.Context
+	fenceToken(seq string) (int64, error)
 }
 
 // lockState is what fn's context carries: the Lock, and what fencing
@@ -256,17 +264,13 @@ func (cl *call) start(ctx context.Context, key Key, keys []Key, opts []Option) (
 // lockLoop is the lock loop of the WithLock family: wait for the lock, run fn
 // under it, and again after a serialization failure (WithSerializationRetries);
 // or, for WithFailOpen, run fn without the lock once the wait timed out. mode
-// is how the call waits (config.waitMode). t
-// is the call's place in its local queue, or nil if the call does not queue;
-// st0 is the first round's fn context.
+// is how the call waits (config.waitMode); t is the call's place in its local
+// queue, or nil if the call does not queue; st0 is the first round's fn
+// context.
 func lockLoop(ctx context.Context, c *config, mode waitMode, a acquirer, keys []Key, t *ticket, st0 *lockState) (acquired bool, err error) {
-	if t != nil {
-		defer t.leave()
-	}
-	ev := &c.ev
+	defer t.leave()
 	var draw *drawer
 	if c.fencing {
-		var err error
 		if draw, err = reserveFor(ctx, c, keys, a); err != nil {
 			return false, err
 		}
@@ -280,71 +284,85 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, a acquirer, keys []
 		if round > 0 {
 			st = &lockState{}
 		}
-		st.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
-		st.draw = draw
-		if ev.on() {
-			st.ev = ev
+		st.lock, st.draw = Lock{Keys: keys, Shared: c.shared, Held: true}, draw
+		if c.ev.on() {
+			st.ev = &c.ev
 		}
 		if err := c.wait(ctx, mode, &st.lock, a, t); err != nil {
-			if t != nil {
-				t.leave()
-			}
-			if round > 0 {
+			t.leave()
+			var te *LockTimeoutError
+			switch {
+			case round > 0:
 				// fn has run, and failed: that is the call's result,
 				// whatever stopped the retry.
 				return true, errors.Join(fnErr, retryNotRun(ctx, err))
-			}
-			if errors.Is(err, errBusy) {
+			case errors.Is(err, errBusy):
 				return false, nil
-			}
-			var te *LockTimeoutError
-			if c.failOpen && errors.As(err, &te) && te.Err == nil {
-				c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
-					"keys", keysString(keys), "attempts", te.Attempts, "waited", te.Waited)
-				if ev.on() {
-					ev.emit(Event{Kind: FailedOpen, Keys: keys, Shared: c.shared, Attempts: te.Attempts, Waited: te.Waited})
-				}
-				st.lock.Held = false
-				return false, a.holdUnlocked(ctx, st)
+			case c.failOpen && errors.As(err, &te) && te.Err == nil:
+				return false, c.holdUnlocked(ctx, a, st, te)
 			}
 			return false, err
 		}
-		var handOn func()
-		if t != nil && t.entered() && a.pooled() {
-			// The next caller may start as soon as fn is done (see
-			// queue.go).
-			if mode == inServer {
-				handOn = t.handOn
-			} else {
-				handOn = t.handOnEarly
-			}
+		err = c.hold(ctx, mode, a, st, t)
+		if round >= c.serialRetries || !retryable(err) {
+			return true, err
 		}
-		if ev.on() {
-			st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
-			if ev.ctx != ctx {
-				st.obsCtx = ev.ctx
-			}
+		fnErr = err
+		if !c.clock.sleep(ctx, c.pause(round+1)) {
+			return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
 		}
-		if ev.on() {
-			err = c.holdObserved(a, st, handOn, t)
-		} else {
-			err = a.hold(st, handOn)
-			if t != nil {
-				t.leave()
-			}
+		if c.ev.on() {
+			c.ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lock.Attempts, Err: err})
 		}
-		if round < c.serialRetries && retryable(err) {
-			fnErr = err
-			if !c.clock.sleep(ctx, c.pause(round+1)) {
-				return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
-			}
-			if ev.on() {
-				ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lock.Attempts, Err: err})
-			}
-			continue
-		}
-		return true, err
 	}
+}
+
+// hold runs fn under the granted lock with st as its context, through a,
+// then leaves the local queue. The next caller of the queue may start as
+// soon as fn is done, when each caller has a connection of its own (see
+// queue.go).
+func (c *config) hold(ctx context.Context, mode waitMode, a acquirer, st *lockState, t *ticket) error {
+	var handOn func()
+	if t != nil && t.entered() && a.pooled() {
+		if mode == inServer {
+			handOn = t.handOn
+		} else {
+			handOn = t.handOnEarly
+		}
+	}
+	if !c.ev.on() {
+		err := a.hold(st, handOn)
+		t.leave()
+		return err
+	}
+	st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
+	if c.ev.ctx != ctx {
+		st.obsCtx = c.ev.ctx
+	}
+	// The lock's end is reported also when fn panics.
+	panicked := true
+	defer func() {
+		if panicked {
+			c.released(st, errFnPanicked)
+		}
+	}()
+	err := a.hold(st, handOn)
+	panicked = false
+	t.leave()
+	c.released(st, err)
+	return err
+}
+
+// holdUnlocked runs fn without the lock, through a, once the wait timed
+// out as te says (WithFailOpen).
+func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState, te *LockTimeoutError) error {
+	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
+		"keys", keysString(te.Keys), "attempts", te.Attempts, "waited", te.Waited)
+	if c.ev.on() {
+		c.ev.emit(Event{Kind: FailedOpen, Keys: te.Keys, Shared: c.shared, Attempts: te.Attempts, Waited: te.Waited})
+	}
+	st.lock.Held = false
+	return a.holdUnlocked(ctx, st)
 }
 
 // retryNotRun explains why fn was not run again after a serialization
@@ -374,24 +392,6 @@ func retryNotRun(ctx context.Context, err error) error {
 
 // errFnPanicked is the Err of the Released event of a fn that panicked.
 var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled back")
-
-// holdObserved is a.hold followed by t.leave, for a call with an Observer:
-// it reports the lock's end, also when fn panics.
-func (c *config) holdObserved(a acquirer, st *lockState, handOn func(), t *ticket) (err error) {
-	panicked := true
-	defer func() {
-		if panicked {
-			c.released(st, errFnPanicked)
-		}
-	}()
-	err = a.hold(st, handOn)
-	panicked = false
-	if t != nil {
-		t.leave()
-	}
-	c.released(st, err)
-	return err
-}
 
 // released reports the end of a held lock: HoldTimeout first if the hold
 // bound ended it.

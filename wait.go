@@ -73,160 +73,212 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // wait makes a's attempts until one is granted, and counts them in lock.
 //
 // A busy attempt is followed by a sleep (polling), by another window in the
-// server (inServer), or by errBusy (tryOnce). If t is not nil, the call
-// queues locally behind the callers of this process that wait for the same
-// keys (see queue.go), and attempts only while it has the turn. Every
-// attempt and every sleep ends by the deadline: then, or when ctx ends, the
-// result is what waitEnded says (a *LockTimeoutError, or a *CanceledError
-// for a cancelled ctx).
+// server (inServer), or by errBusy (tryOnce): mode, see config.waitMode. If
+// t is not nil, the call queues locally behind the callers of this process
+// that wait for the same keys (see queue.go), and attempts only while it
+// has the turn. Every attempt and every sleep ends by the deadline: then, or
+// when ctx ends, the result is what waitEnded says (a *LockTimeoutError, or
+// a *CanceledError for a cancelled ctx). The wait's events are emitted
+// here: WaitStarted, then one for each busy attempt, then one for its end.
 func (c *config) wait(ctx context.Context, mode waitMode, lock *Lock, a attempter, t *ticket) error {
-	// headWindow is the call's: a server that refuses the window is polled
-	// for the rest of the wait.
-	headWindow := c.headWindow && mode == polling
-	start := c.clock.now()
-	ev := &c.ev
-	if ev.on() {
-		ev.emit(Event{Kind: WaitStarted, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx})
-	}
-	timeout := func() error {
-		lock.Waited = c.clock.now().Sub(start)
-		kind, err := waitEnded(ctx, lock.Keys, lock.Attempts, lock.Waited)
-		if ev.on() {
-			ev.emit(Event{Kind: kind, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: lock.Waited, Err: err})
-		}
-		return err
-	}
-	failed := func(err error) error {
-		if ev.on() {
-			ev.emit(Event{Kind: Failed, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start), Err: err})
-		}
-		return err
-	}
+	w := waiter{c: c, mode: mode, lock: lock, a: a, t: t, start: c.clock.now(), headWindow: c.headWindow && mode == polling}
+	defer w.wc.stop()
+	w.event(WaitStarted, nil)
+	kind, err := w.run(ctx)
+	w.event(kind, err)
+	return err
+}
+
+// waiter is one wait's state. The wait owns it; config, what the options
+// said, does not change during the wait.
+type waiter struct {
+	c     *config
+	mode  waitMode
+	lock  *Lock
+	a     attempter
+	t     *ticket // the call's place in its local queue, or nil
+	start time.Time
+	b     bound   // the next attempt's
+	wc    waitCtx // b.waitCtx, once needed
+	// headWindow: the default's one window as the queue's head
+	// (config.headWindow) is the call's to make; a server that refuses it
+	// is polled for the rest of the wait. headWaited: it was made.
+	headWindow, headWaited bool
+}
+
+// run makes the attempts, and returns the kind of the wait's last event
+// and the wait's result.
+func (w *waiter) run(ctx context.Context) (EventKind, error) {
+	lock, t := w.lock, w.t
 	if err := ctx.Err(); err != nil {
-		if mode == tryOnce && !errors.Is(err, context.Canceled) {
-			return failed(fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
+		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
+			return w.exit(Failed, fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
 		}
-		return timeout()
+		return w.ended(ctx)
 	}
-	b := bound{deadline: start.Add(c.timeout)}
-	var wc waitCtx
-	defer wc.stop()
-	// enter waits for the turn in the local queue, until the deadline.
-	enter := func() bool {
-		b.waitCtx = wc.get(ctx, b.deadline)
-		if !t.enter(b.waitCtx) {
-			return false
-		}
-		b.prevEnd = t.prevEnd
-		return true
-	}
+	w.b = bound{deadline: w.start.Add(w.c.timeout)}
 	// A ServerWait call queues before its first attempt, which may wait in
 	// the server: only the queue's head should. A polling call does so only
 	// if others are queued already, so as not to overtake them, or, with
 	// the default strategy, if its lock was busy recently: its first
 	// attempt can then be its window in the server.
-	if t != nil && (mode == inServer || t.othersQueued() || headWindow && t.hot(start)) && !enter() {
-		return timeout()
+	if t != nil && (w.mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
+		return w.ended(ctx)
 	}
-	headWaited := false // the call made its one window as the queue's head
 	for {
-		b.window = 0
-		switch {
-		case mode == inServer:
-			b.window = max(min(c.serverWait.window(), b.deadline.Sub(c.clock.now())), time.Millisecond)
-		case headWindow && mode == polling && !headWaited && len(lock.Keys) == 1 && t != nil && t.entered() && (b.prevEnd == nil || t.q.remote) && idleConn(a):
-			// A handoff from this process's holder (prevEnd) leaves the
-			// lock free for a cheaper poll, unless other processes wait
-			// for it in the server. Only a single key waits: lock_timeout
-			// bounds each key's wait, so a window over several keys could
-			// last a window per key, holding the keys it has.
-			b.window = max(min(DefaultServerWaitWindow, b.deadline.Sub(c.clock.now())), time.Millisecond)
-			headWaited = true
-		}
-		out, err := a.attempt(ctx, b)
-		if err != nil && mode == polling && b.window > 0 && isIsolationError(err) {
+		w.b.window = w.window()
+		out, err := w.a.attempt(ctx, w.b)
+		if err != nil && w.b.window > 0 && w.mode == polling && isIsolationError(err) {
 			// The server's default isolation is above ReadCommitted: the
 			// window was refused before it waited. Poll instead.
-			headWindow = false
+			w.headWindow = false
 			continue
 		}
-		if err == nil && b.prevEnd != nil {
-			if b.window == 0 && headWindow {
-				t.q.remote = out == busy
-			}
-			// The attempt waited for the previous holder's end before its
-			// lock statement: later attempts need not, and giving up now
-			// passes nothing on.
-			b.prevEnd, t.prevEnd = nil, nil
-		}
+		w.tookHandoff(out, err)
 		if err != nil {
-			// Only the wait's own end is a timeout: a connection error
-			// that happens to arrive after the deadline stays what it is
-			// (and never triggers WithFailOpen).
-			if mode != tryOnce && (ctx.Err() != nil || !c.clock.now().Before(b.deadline) && isContextErr(err)) {
-				if b.window > 0 {
-					// The wait ended while the statement waited in the
-					// server: that window was an attempt, and found the
-					// lock busy for as long as it lasted.
-					lock.Attempts++
-					if ev.on() {
-						ev.emit(Event{Kind: Busy, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
-					}
-				}
-				return timeout()
+			if !w.endedBy(ctx, err) {
+				return w.exit(Failed, lockError(lock.Keys, err))
 			}
-			if SQLState(err) == codeOutOfMemory {
-				// 53200 is out_of_memory; from a lock statement it is the
-				// shared lock table ("out of shared memory").
-				err = fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(lock.Keys), err)
+			if w.b.window > 0 {
+				// The wait ended while the statement waited in the server:
+				// that window was an attempt, and found the lock busy for
+				// as long as it lasted.
+				lock.Attempts++
+				w.event(Busy, nil)
 			}
-			return failed(err)
+			return w.ended(ctx)
 		}
 		lock.Attempts++
 		switch out {
 		case granted:
-			lock.Waited = c.clock.now().Sub(start)
-			if ev.on() {
-				ev.emit(Event{Kind: Acquired, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: lock.Waited})
-			}
-			return nil
+			return w.exit(Acquired, nil)
 		case standby:
-			if ev.on() {
-				ev.emit(Event{Kind: StandbyRefused, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
-			}
-			return fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lock.Keys))
+			return w.exit(StandbyRefused, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lock.Keys)))
 		}
-		if ev.on() {
-			ev.emit(Event{Kind: Busy, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
+		w.event(Busy, nil)
+		if w.headWindow && t != nil {
+			t.markBusy(w.c.clock.now())
 		}
-		if headWindow && t != nil {
-			t.markBusy(c.clock.now())
+		if w.mode == tryOnce {
+			return w.exit(Skipped, errBusy)
 		}
-		if mode == tryOnce {
-			if ev.on() {
-				ev.emit(Event{Kind: Skipped, Keys: lock.Keys, Shared: lock.Shared, CallerTx: c.inTx, Attempts: lock.Attempts, Waited: c.clock.now().Sub(start)})
-			}
-			return errBusy
-		}
-		d := c.pause(lock.Attempts)
-		if d < 0 {
-			return timeout()
-		}
-		if t != nil && !t.entered() {
-			if !enter() {
-				return timeout()
-			}
-			continue // the turn came: the holder of this process, if any, just let go
-		}
-		b.waitCtx = wc.get(ctx, b.deadline)
-		if left := b.deadline.Sub(c.clock.now()); d >= left {
-			c.clock.sleep(b.waitCtx, left)
-			return timeout()
-		}
-		if !c.clock.sleep(b.waitCtx, d) {
-			return timeout()
+		if !w.pause(ctx) {
+			return w.ended(ctx)
 		}
 	}
+}
+
+// window is how long the next attempt may wait in the server's lock queue:
+// every attempt's window with ServerWait; with the default strategy, one
+// window as the local queue's head, for one key, when the pool has an idle
+// connection; else 0. A handoff from this process's holder (prevEnd) leaves
+// the lock free for a cheaper poll, unless other processes wait for it in
+// the server. Only a single key waits: lock_timeout bounds each key's
+// wait, so a window over several keys could last a window per key,
+// holding the keys it has.
+func (w *waiter) window() time.Duration {
+	t := w.t
+	d := time.Duration(0)
+	switch {
+	case w.mode == inServer:
+		d = w.c.serverWait.window()
+	case w.headWindow && !w.headWaited && len(w.lock.Keys) == 1 && t != nil && t.entered() && (w.b.prevEnd == nil || t.q.remote) && idleConn(w.a):
+		d, w.headWaited = DefaultServerWaitWindow, true
+	default:
+		return 0
+	}
+	return max(min(d, w.b.deadline.Sub(w.c.clock.now())), time.Millisecond)
+}
+
+// tookHandoff notes an attempt that waited for the previous holder's end
+// before its lock statement (prevEnd): later attempts need not, and giving
+// up now passes nothing on. A poll that found the lock busy right after a
+// handoff shows that other processes wait for it in the server.
+func (w *waiter) tookHandoff(out outcome, err error) {
+	if err != nil || w.b.prevEnd == nil {
+		return
+	}
+	if w.b.window == 0 && w.headWindow {
+		w.t.q.remote = out == busy
+	}
+	w.b.prevEnd, w.t.prevEnd = nil, nil
+}
+
+// endedBy reports whether an attempt's error is the wait's own end. A
+// connection error that happens to arrive after the deadline stays what it
+// is (and never triggers WithFailOpen).
+func (w *waiter) endedBy(ctx context.Context, err error) bool {
+	return w.mode != tryOnce && (ctx.Err() != nil || !w.c.clock.now().Before(w.b.deadline) && isContextErr(err))
+}
+
+// lockError explains an attempt's error: 53200 is out_of_memory, which from
+// a lock statement is the shared lock table ("out of shared memory").
+func lockError(keys []Key, err error) error {
+	if SQLState(err) == codeOutOfMemory {
+		return fmt.Errorf("%w (SQLSTATE 53200) while locking %s: raise max_locks_per_transaction, or lock fewer keys at once: %w", ErrLockTableFull, keysSummary(keys), err)
+	}
+	return err
+}
+
+// pause follows a busy attempt: it enters the local queue, if the call has
+// not yet, or sleeps as the strategy says. It reports false if the wait
+// ended first.
+func (w *waiter) pause(ctx context.Context) bool {
+	c := w.c
+	d := c.pause(w.lock.Attempts)
+	if d < 0 {
+		return false
+	}
+	if w.t != nil && !w.t.entered() {
+		// When the turn comes, the holder of this process, if any, has
+		// just let go: the next attempt follows at once.
+		return w.enter(ctx)
+	}
+	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
+	if left := w.b.deadline.Sub(c.clock.now()); d >= left {
+		c.clock.sleep(w.b.waitCtx, left)
+		return false
+	}
+	return c.clock.sleep(w.b.waitCtx, d)
+}
+
+// enter waits for the turn in the local queue, until the deadline.
+func (w *waiter) enter(ctx context.Context) bool {
+	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
+	if !w.t.enter(w.b.waitCtx) {
+		return false
+	}
+	w.b.prevEnd = w.t.prevEnd
+	return true
+}
+
+// exit ends the wait with kind and err.
+func (w *waiter) exit(kind EventKind, err error) (EventKind, error) {
+	w.lock.Waited = w.c.clock.now().Sub(w.start)
+	return kind, err
+}
+
+// ended ends the wait at its deadline, or with ctx: see waitEnded.
+func (w *waiter) ended(ctx context.Context) (EventKind, error) {
+	w.lock.Waited = w.c.clock.now().Sub(w.start)
+	return waitEnded(ctx, w.lock.Keys, w.lock.Attempts, w.lock.Waited)
+}
+
+// event reports an event of the wait, if the call has an Observer.
+func (w *waiter) event(kind EventKind, err error) {
+	ev := &w.c.ev
+	if !ev.on() {
+		return
+	}
+	e := Event{Kind: kind, Keys: w.lock.Keys, Shared: w.lock.Shared, CallerTx: w.c.inTx, Attempts: w.lock.Attempts, Err: err}
+	switch kind {
+	case WaitStarted:
+	case Busy:
+		e.Waited = w.c.clock.now().Sub(w.start)
+	default:
+		e.Waited = w.lock.Waited
+	}
+	ev.emit(e)
 }
 
 // idleConn reports whether a's pool has an idle connection, which a window

@@ -24,7 +24,7 @@ type acquirer struct {
 	fn   func(context.Context, pgx.Tx) error
 	plan *seam.Plan
 
-	tx0 heldTx // the first round's transaction
+	tx0 heldTx // the call's first transaction: see held
 }
 
 var _ seam.Acquirer = (*acquirer)(nil)
@@ -39,7 +39,7 @@ const rollbackTimeout = 5 * time.Second
 // the wait has none yet, with a context that ends at its deadline. The
 // attempt's statements run under ctx, with a deadline on the connection
 // itself (see deadline and stallGrace). fn runs under ctx.
-func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, seam.Tx, error) {
+func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Result, error) {
 	actx := b.WaitCtx
 	if actx == nil {
 		actx = ctx
@@ -57,12 +57,12 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, sea
 		select {
 		case <-b.PrevEnd:
 		case <-actx.Done():
-			return seam.Busy, nil, context.Cause(actx)
+			return seam.Result{}, context.Cause(actx)
 		}
 	}
 	c, pc, err := a.connect(actx)
 	if err != nil {
-		return seam.Busy, nil, fmt.Errorf("txlock: acquiring a connection: %w", err)
+		return seam.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
 	if b.Window > 0 {
 		return a.window(ctx, c, pc, b)
@@ -74,12 +74,11 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Outcome, sea
 		a.rollback(ctx, c)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return seam.Busy, nil, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			return seam.Result{}, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 		}
-		out, err := seam.Classify(err)
-		return out, nil, err
+		return seam.Result{Err: err}, nil
 	}
-	return a.granted(ctx, pc, tx)
+	return seam.Result{Tx: a.held(ctx, pc, tx)}, nil
 }
 
 // deadline bounds the I/O of c's next statements by t, on the connection
@@ -115,52 +114,40 @@ const stallGrace = time.Second
 
 // window makes a ServerWait attempt: BEGIN, then the statement that waits
 // in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Outcome, seam.Tx, error) {
+func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Result, error) {
 	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
 	if err != nil {
 		reset()
 		a.release(pc)
-		return seam.Busy, nil, fmt.Errorf("txlock: begin: %w", err)
+		return seam.Result{}, fmt.Errorf("txlock: begin: %w", err)
 	}
 	tag, err := tx.Exec(ctx, b.WaitStmt)
 	reset()
-	out := seam.Busy
-	if err == nil {
-		out, err = seam.RowsOutcome(tag.RowsAffected())
-	} else if pastDeadline(err, b.Deadline) {
-		err = fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
-	} else {
-		// The window's end (55P03) and a deadlock (40P01) are a busy lock.
-		out, err = seam.Classify(err)
-	}
-	if err != nil || out != seam.Granted {
+	if err != nil {
 		_ = end(ctx, tx)
 		a.release(pc)
-		return out, nil, err
+		if pastDeadline(err, b.Deadline) {
+			return seam.Result{}, fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+		}
+		return seam.Result{Err: err}, nil
 	}
-	return a.granted(ctx, pc, tx)
+	return seam.Result{Tx: a.held(ctx, pc, tx), Rows: tag.RowsAffected()}, nil
 }
 
-// granted returns the granted lock's transaction, unless ctx ended as the
-// lock was granted: then it rolls back, and fn must not start. (The
-// server's side of the hold bound, WithMaxHold, started with the lock
-// statement; package txlock starts the client's.)
-func (a *acquirer) granted(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) (seam.Outcome, seam.Tx, error) {
-	if err := ctx.Err(); err != nil {
-		_ = end(ctx, tx)
-		a.release(pc)
-		return seam.Busy, nil, err
-	}
-	// The first round's transaction is the call's own; a later round's
-	// (after a serialization failure) is new, since the earlier round's fn
-	// may have kept its context, and draw tokens on it.
+// held returns the attempt's transaction, for package txlock to decide
+// on. (The server's side of the hold bound, WithMaxHold, started with the
+// lock statement; package txlock starts the client's.) The call's first
+// transaction is reused until fn has run in it; a later one (after a
+// serialization failure) is new, since the earlier round's fn may have
+// kept its context, and draw tokens on it.
+func (a *acquirer) held(ctx context.Context, pc *pgxpool.Conn, tx pgx.Tx) *heldTx {
 	h := &a.tx0
-	if h.tx != nil {
+	if h.ran {
 		h = &heldTx{}
 	}
 	*h = heldTx{fn: a.fn, ctx: ctx, pool: a.pool, pc: pc, tx: tx}
-	return seam.Granted, h, nil
+	return h
 }
 
 // connect returns the connection for an attempt: one of the pool's, or the
@@ -237,6 +224,8 @@ type heldTx struct {
 	pc   *pgxpool.Conn   // the pool's connection, to release once tx ends
 	tx   pgx.Tx
 
+	ran bool // fn has run in tx
+
 	mu     sync.Mutex // held while a token is confirmed on tx
 	closed bool       // fn has returned: tx is not the token's to use
 }
@@ -247,7 +236,10 @@ var (
 )
 
 // Fn implements seam.Tx.
-func (h *heldTx) Fn(ctx context.Context) error { return h.fn(ctx, h.tx) }
+func (h *heldTx) Fn(ctx context.Context) error {
+	h.ran = true
+	return h.fn(ctx, h.tx)
+}
 
 // Commit implements seam.Tx.
 func (h *heldTx) Commit(ctx context.Context) error {

@@ -20,7 +20,6 @@ import (
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
-	"github.com/txlock/txlock/internal/seam"
 	"github.com/txlock/txlock/pgxlock"
 )
 
@@ -642,32 +641,6 @@ func locksOnItself[D pgxlock.DB](t *testing.T, db D, admin *sql.DB) {
 	require.NoError(t, err)
 	assert.False(t, ok)
 	release()
-}
-
-// Callers of one process queue locally on a pool: the lock passes between
-// them in FIFO order, and only the queue's head polls.
-func TestLocalQueue(t *testing.T) {
-	pool, admin := direct(t)
-	key := txlock.StringKey(uniq(t))
-	release := locktest.Hold(t, admin, key, false)
-	var order []int
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for i := range 5 {
-		wg.Go(func() {
-			assert.NoError(t, pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
-				mu.Lock()
-				order = append(order, i)
-				mu.Unlock()
-				return nil
-			}, txlock.WithTimeout(30*time.Second)))
-		})
-		// Each caller is in the queue before the next one comes.
-		require.Eventually(t, func() bool { return seam.Queued() == i+1 }, 5*time.Second, time.Millisecond)
-	}
-	release()
-	wg.Wait()
-	assert.Equal(t, []int{0, 1, 2, 3, 4}, order)
 }
 
 // The call's events are txlock's.

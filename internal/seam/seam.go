@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Outcome is what one attempt found.
+// Outcome is what one attempt found, as package txlock decides it.
 type Outcome int
 
 const (
@@ -39,17 +39,35 @@ type Bound struct {
 	PrevEnd <-chan struct{}
 	// WaitStmt is the statement of a ServerWait window, when Window is
 	// set: it waits in the server's lock queue, and its row count is the
-	// outcome (RowsOutcome).
+	// outcome.
 	WaitStmt string
+}
+
+// Result is what the server answered an attempt's lock statement. Package
+// txlock decides the outcome from it: granted, busy, or a server in
+// recovery.
+type Result struct {
+	// Err is the lock statement's error, if it failed (a busy lock fails
+	// the polling query, Plan.Query, on purpose). The attempt has then
+	// let go of its connection, in no transaction.
+	Err error
+	// Tx is the attempt's transaction, if the statement succeeded: the
+	// lock's, if it was granted; package txlock ends it otherwise.
+	Tx Tx
+	// Rows is the row count of a window's statement (WaitStmt). A
+	// polling query that succeeds is a grant, whatever its rows.
+	Rows int64
 }
 
 // An Acquirer makes a call's attempts.
 type Acquirer interface {
-	// Attempt makes one attempt within b. If it reports Granted, it returns
-	// the lock's transaction, which fn runs in; otherwise it has let go of
-	// every connection it took before it returns, and left none in a
-	// transaction.
-	Attempt(ctx context.Context, b Bound) (Outcome, Tx, error)
+	// Attempt makes one attempt within b: it begins a transaction and
+	// runs the lock statement in it (Plan.Query, or with b.Window,
+	// Plan.Begin then b.WaitStmt), and returns what the server answered.
+	// An error means the statement's answer never came (no connection, a
+	// failed BEGIN, the wait's context): the attempt has then let go of
+	// every connection it took, and left none in a transaction.
+	Attempt(ctx context.Context, b Bound) (Result, error)
 	// BeginUnlocked begins a transaction without the lock, for
 	// WithFailOpen.
 	BeginUnlocked(ctx context.Context) (Tx, error)
@@ -119,7 +137,7 @@ type Plan struct {
 	// WithTxOptions.
 	Begin string
 	// Query is a polling attempt's query: the lock statement, in the form
-	// that fails (SQLSTATE 22P02, which Classify sorts out) when a key is
+	// that fails (SQLSTATE 22P02, which package txlock sorts out) when a key is
 	// busy, and Begin, in one string. The lock statement comes first
 	// unless BeginFirst.
 	Query string
@@ -166,19 +184,3 @@ type TxRequest struct {
 
 // LockTx runs a LockTx-family call. Package txlock sets it.
 var LockTx func(ctx context.Context, r *TxRequest) (acquired bool, err error)
-
-// Helpers that the driver packages share with package txlock, set at its
-// init.
-var (
-	// RowsOutcome decodes the row count of a statement that reports its
-	// outcome in rows (WaitStmt, and the statements of LockTx).
-	RowsOutcome func(n int64) (Outcome, error)
-	// Classify sorts the error of a lock statement run in a transaction
-	// of the call's own: (Busy, nil) for a busy lock (a ServerWait
-	// window's end and a deadlock included), (Standby, nil) for a server
-	// in recovery, else (Busy, the error, explained).
-	Classify func(err error) (Outcome, error)
-	// Queued counts the callers in this process's local queues, for the
-	// driver packages' tests.
-	Queued func() int
-)
