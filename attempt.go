@@ -5,8 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
-
-	"github.com/txlock/txlock/internal/seam"
 )
 
 // ownTx is the acquirer of WithLock, WithLocks, TryWithLock and
@@ -275,22 +273,22 @@ func classify(err error) (outcome, error) {
 }
 
 // rowsOutcome decodes the row count of a lock statement: see lockStatement.
-func rowsOutcome(n int64) (seam.Outcome, error) {
+func rowsOutcome(n int64) (outcome, error) {
 	switch n {
 	case 0:
-		return seam.Busy, nil
+		return busy, nil
 	case 1:
-		return seam.Granted, nil
+		return granted, nil
 	case 2:
-		return seam.Standby, nil
+		return standby, nil
 	}
-	return seam.Busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
+	return busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
 }
 
 // sqlTx runs lock statements in a database/sql transaction.
 type sqlTx struct{ tx *sql.Tx }
 
-// ExecRows implements seam.Execer.
+// ExecRows implements driver.Execer.
 func (t sqlTx) ExecRows(ctx context.Context, stmt string) (int64, error) {
 	res, err := t.tx.ExecContext(ctx, stmt)
 	if err != nil {

@@ -7,15 +7,15 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/txlock/txlock/internal/seam"
+	"github.com/txlock/txlock/driver"
 )
 
 // holder is a transaction that fn runs in, the lock's or WithFailOpen's,
 // with the contexts bound to it. Its runFn method is the commit rules of
-// WithLock, for every driver: a seam.Tx says only how each step reaches
+// WithLock, for every driver: a driver.Tx says only how each step reaches
 // the server.
 type holder struct {
-	tx       seam.Tx
+	tx       driver.Tx
 	txCtx    context.Context         // the context the transaction was begun with
 	fnCtx    context.Context         // txCtx, with the hold bound if any
 	cancel   context.CancelCauseFunc // ends txCtx, if the holder made it; else nil
@@ -80,7 +80,7 @@ func (h *holder) runFn(st *lockState, handOn func()) error {
 func (h *holder) end(fnErr error) error {
 	bounded := h.stopHold != nil
 	if fnErr != nil {
-		if err := h.tx.Rollback(); errors.Is(err, seam.ErrTxDone) {
+		if err := h.tx.Rollback(); errors.Is(err, driver.ErrTxDone) {
 			return errors.Join(fnErr, ErrFnEndedTx)
 		}
 		if errors.Is(fnErr, ErrHoldTimeout) {
@@ -97,7 +97,7 @@ func (h *holder) end(fnErr error) error {
 		return fnErr
 	}
 	if h.fnCtx.Err() != nil {
-		if err := h.tx.Rollback(); errors.Is(err, seam.ErrTxDone) {
+		if err := h.tx.Rollback(); errors.Is(err, driver.ErrTxDone) {
 			return ErrFnEndedTx
 		}
 		return h.ended()
@@ -106,9 +106,9 @@ func (h *holder) end(fnErr error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, seam.ErrTxDone):
+	case errors.Is(err, driver.ErrTxDone):
 		return ErrFnEndedTx
-	case errors.Is(err, seam.ErrRolledBack):
+	case errors.Is(err, driver.ErrRolledBack):
 		return h.ended()
 	case h.fnCtx.Err() != nil:
 		// The context ended as COMMIT ran: the driver refused to commit,
@@ -143,44 +143,44 @@ func (h *holder) ended() error {
 	return fmt.Errorf("txlock: transaction rolled back: %w", cause)
 }
 
-// sqlHeld is a database/sql transaction as a seam.Tx.
+// sqlHeld is a database/sql transaction as a driver.Tx.
 type sqlHeld struct {
 	tx    *sql.Tx
 	txCtx context.Context // the context tx was begun with
 	fn    func(context.Context, *sql.Tx) error
 }
 
-var _ seam.Tx = (*sqlHeld)(nil)
+var _ driver.Tx = (*sqlHeld)(nil)
 
-// Fn implements seam.Tx.
+// Fn implements driver.Tx.
 func (t *sqlHeld) Fn(ctx context.Context) error { return t.fn(ctx, t.tx) }
 
-// Commit implements seam.Tx. database/sql commits under the transaction's
+// Commit implements driver.Tx. database/sql commits under the transaction's
 // own context.
 func (t *sqlHeld) Commit(context.Context) error {
 	err := t.tx.Commit()
 	if errors.Is(err, sql.ErrTxDone) {
 		if t.txCtx.Err() != nil {
 			// database/sql rolled back as the context ended.
-			return seam.ErrRolledBack
+			return driver.ErrRolledBack
 		}
-		return seam.ErrTxDone
+		return driver.ErrTxDone
 	}
 	return err
 }
 
-// Rollback implements seam.Tx.
+// Rollback implements driver.Tx.
 func (t *sqlHeld) Rollback() error {
 	err := t.tx.Rollback()
 	if errors.Is(err, sql.ErrTxDone) {
 		if t.txCtx.Err() != nil {
 			return nil // database/sql rolled back as the context ended
 		}
-		return seam.ErrTxDone
+		return driver.ErrTxDone
 	}
 	return err
 }
 
-// Close implements seam.Tx: an ended database/sql transaction has returned
+// Close implements driver.Tx: an ended database/sql transaction has returned
 // its connection.
 func (t *sqlHeld) Close() {}

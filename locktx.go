@@ -6,7 +6,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/txlock/txlock/internal/seam"
+	"github.com/txlock/txlock/driver"
 )
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -76,7 +76,7 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 // caller's transaction.
 type callerTx struct {
 	c    config
-	tx   seam.Execer
+	tx   driver.Execer
 	stmt string
 	info Lock // what the lock is, for the wait
 	one  [1]Key
@@ -121,7 +121,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 }
 
 // runLockStatement runs a lock statement in tx and decodes its outcome.
-func runLockStatement(ctx context.Context, tx seam.Execer, stmt string) (outcome, error) {
+func runLockStatement(ctx context.Context, tx driver.Execer, stmt string) (outcome, error) {
 	n, err := tx.ExecRows(ctx, stmt)
 	if err != nil {
 		return classify(err)

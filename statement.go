@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/txlock/txlock/internal/lockstmt"
 )
 
 // This file holds every SQL text the lock sends. (Fencing tokens build
@@ -33,15 +31,6 @@ import (
 //     setting does not exist: CASE evaluates its branches in order, while
 //     AND and OR promise no order, and set_config of an unknown setting
 //     fails the statement.
-
-func init() {
-	lockstmt.Exclusive = func(key int64) string {
-		return lockStatement([]Key{Int64Key(key)}, false, 0, formOwnTx)
-	}
-	lockstmt.Begin = func(key int64, maxHold time.Duration) string {
-		return lockStatement([]Key{Int64Key(key)}, false, maxHold, formFailBusy, "; BEGIN")
-	}
-}
 
 // lockStatement builds the statement of a polling attempt: one round trip
 // that asks for every key, all or nothing.

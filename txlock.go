@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/txlock/txlock/internal/seam"
+	"github.com/txlock/txlock/driver"
 )
 
 // Beginner is what WithLock needs of a database: *sql.DB, *sql.Conn and
@@ -148,8 +148,8 @@ type lockState struct {
 	lock Lock
 	db   Beginner // where the lock was taken: tokens are drawn there
 	tx   *sql.Tx  // the lock's transaction
-	// sess, for a driver's lock (see seam.go), stands for db and tx.
-	sess seam.Session
+	// sess, for a driver's lock (see driver.go), stands for db and tx.
+	sess driver.Session
 	// draw is the connection WithFencing set aside for draws, or nil.
 	draw *drawer
 

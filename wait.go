@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/txlock/txlock/internal/seam"
 )
 
 // This file is the wait loop: how one call makes attempts until the lock is
@@ -22,14 +20,13 @@ type attempter interface {
 	attempt(ctx context.Context, b bound) (outcome, error)
 }
 
-// outcome is what one attempt found: the seam's Outcome, which driver
-// packages report too (see seam.go).
-type outcome = seam.Outcome
+// outcome is what one attempt found, as the loop decides it.
+type outcome uint8
 
 const (
-	busy    = seam.Busy    // another session holds a key; nothing is held
-	granted = seam.Granted // every key is held, until the attempt's transaction ends
-	standby = seam.Standby // the server is in recovery; nothing was locked
+	busy    outcome = iota // another session holds a key; nothing is held
+	granted                // every key is held, until the attempt's transaction ends
+	standby                // the server is in recovery; nothing was locked
 )
 
 // bound is what limits one attempt.

@@ -13,33 +13,35 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/seam"
+	"github.com/txlock/txlock/driver"
 )
 
-// acquirer is the seam.Acquirer of a call: it makes the attempts on pool or
-// conn.
+// acquirer is the driver.Acquirer of a call: it makes the attempts on pool
+// or conn.
 type acquirer struct {
 	pool *pgxpool.Pool // db, if it is a pool
 	conn *pgx.Conn     // db, if it is one connection
 	fn   func(context.Context, pgx.Tx) error
-	plan *seam.Plan
 
 	tx0 heldTx // the call's first transaction: see held
 }
 
-var _ seam.Acquirer = (*acquirer)(nil)
+var (
+	_ driver.Acquirer = (*acquirer)(nil)
+	_ driver.Drawer   = (*acquirer)(nil)
+)
 
 // rollbackTimeout bounds a ROLLBACK sent after fn's context ended: a
 // connection that cannot roll back in that time is closed, which ends its
 // transaction (and its lock) in the server too.
 const rollbackTimeout = 5 * time.Second
 
-// Attempt implements seam.Acquirer. Waiting for the previous holder, and
+// Attempt implements driver.Acquirer. Waiting for the previous holder, and
 // taking a connection from the pool, end with the wait's context, or, when
 // the wait has none yet, with a context that ends at its deadline. The
 // attempt's statements run under ctx, with a deadline on the connection
 // itself (see deadline and stallGrace). fn runs under ctx.
-func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Result, error) {
+func (a *acquirer) Attempt(ctx context.Context, b driver.Attempt) (driver.Result, error) {
 	actx := b.WaitCtx
 	if actx == nil {
 		actx = ctx
@@ -57,28 +59,28 @@ func (a *acquirer) Attempt(ctx context.Context, b seam.Bound) (seam.Result, erro
 		select {
 		case <-b.PrevEnd:
 		case <-actx.Done():
-			return seam.Result{}, context.Cause(actx)
+			return driver.Result{}, context.Cause(actx)
 		}
 	}
 	c, pc, err := a.connect(actx)
 	if err != nil {
-		return seam.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
+		return driver.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
 	if b.Window > 0 {
 		return a.window(ctx, c, pc, b)
 	}
 	reset := deadline(c, b.Deadline.Add(stallGrace))
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Query})
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Query})
 	reset()
 	if err != nil {
 		a.rollback(ctx, c)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return seam.Result{}, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			return driver.Result{}, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 		}
-		return seam.Result{Err: err}, nil
+		return driver.Result{Err: err}, nil
 	}
-	return seam.Result{Tx: a.held(ctx, pc, tx)}, nil
+	return driver.Result{Tx: a.held(ctx, pc, tx)}, nil
 }
 
 // deadline bounds the I/O of c's next statements by t, on the connection
@@ -114,25 +116,25 @@ const stallGrace = time.Second
 
 // window makes a ServerWait attempt: BEGIN, then the statement that waits
 // in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b seam.Bound) (seam.Result, error) {
+func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Attempt) (driver.Result, error) {
 	reset := deadline(c, b.Deadline.Add(stallGrace))
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Begin})
 	if err != nil {
 		reset()
 		a.release(pc)
-		return seam.Result{}, fmt.Errorf("txlock: begin: %w", err)
+		return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
 	}
-	tag, err := tx.Exec(ctx, b.WaitStmt)
+	tag, err := tx.Exec(ctx, b.Stmt)
 	reset()
 	if err != nil {
 		_ = end(ctx, tx)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return seam.Result{}, fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			return driver.Result{}, fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
 		}
-		return seam.Result{Err: err}, nil
+		return driver.Result{Err: err}, nil
 	}
-	return seam.Result{Tx: a.held(ctx, pc, tx), Rows: tag.RowsAffected()}, nil
+	return driver.Result{Tx: a.held(ctx, pc, tx), Rows: tag.RowsAffected()}, nil
 }
 
 // held returns the attempt's transaction, for package txlock to decide
@@ -193,21 +195,27 @@ func end(ctx context.Context, tx pgx.Tx) error {
 	return tx.Rollback(rctx)
 }
 
-// Pooled implements seam.Acquirer: on a pool, the next caller of a local
-// queue takes a connection of its own while this call's lock ends.
-func (a *acquirer) Pooled() bool { return a.pool != nil }
+// Pool implements driver.Acquirer: callers on one pool queue behind each
+// other, and each takes a connection of its own, so that the next caller
+// of a local queue can begin while this call's lock ends.
+func (a *acquirer) Pool() driver.PoolKey {
+	if a.pool == nil {
+		return driver.PoolKey{}
+	}
+	return driver.PoolKeyOf(a.pool)
+}
 
-// IdleConn implements seam.Acquirer.
+// IdleConn implements driver.Acquirer.
 func (a *acquirer) IdleConn() bool { return a.pool != nil && a.pool.Stat().IdleConns() > 0 }
 
-// BeginUnlocked implements seam.Acquirer: the transaction of
+// BeginUnlocked implements driver.Acquirer: the transaction of
 // txlock.WithFailOpen, without the lock.
-func (a *acquirer) BeginUnlocked(ctx context.Context) (seam.Tx, error) {
+func (a *acquirer) BeginUnlocked(ctx context.Context, begin string) (driver.Tx, error) {
 	c, pc, err := a.connect(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: a.plan.Begin})
+	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: begin})
 	if err != nil {
 		a.release(pc)
 		return nil, fmt.Errorf("txlock: begin: %w", err)
@@ -215,8 +223,8 @@ func (a *acquirer) BeginUnlocked(ctx context.Context) (seam.Tx, error) {
 	return &heldTx{fn: a.fn, ctx: ctx, pool: a.pool, pc: pc, tx: tx}, nil
 }
 
-// heldTx is a transaction that fn runs in (seam.Tx), and the session its
-// fencing tokens use (seam.Session).
+// heldTx is a transaction that fn runs in (driver.Tx), and the session its
+// fencing tokens use (driver.Session).
 type heldTx struct {
 	fn   func(context.Context, pgx.Tx) error
 	ctx  context.Context // the caller's, which rollbacks outlive
@@ -231,41 +239,41 @@ type heldTx struct {
 }
 
 var (
-	_ seam.Tx      = (*heldTx)(nil)
-	_ seam.Session = (*heldTx)(nil)
+	_ driver.Tx      = (*heldTx)(nil)
+	_ driver.Session = (*heldTx)(nil)
 )
 
-// Fn implements seam.Tx.
+// Fn implements driver.Tx.
 func (h *heldTx) Fn(ctx context.Context) error {
 	h.ran = true
 	return h.fn(ctx, h.tx)
 }
 
-// Commit implements seam.Tx.
+// Commit implements driver.Tx.
 func (h *heldTx) Commit(ctx context.Context) error {
 	h.close()
 	err := h.tx.Commit(ctx)
 	switch {
 	case errors.Is(err, pgx.ErrTxClosed):
-		return seam.ErrTxDone
+		return driver.ErrTxDone
 	case errors.Is(err, pgx.ErrTxCommitRollback):
 		return fmt.Errorf("the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", err)
 	}
 	return err
 }
 
-// Rollback implements seam.Tx, under a context of its own: see
+// Rollback implements driver.Tx, under a context of its own: see
 // rollbackTimeout.
 func (h *heldTx) Rollback() error {
 	h.close()
 	err := end(h.ctx, h.tx)
 	if errors.Is(err, pgx.ErrTxClosed) {
-		return seam.ErrTxDone
+		return driver.ErrTxDone
 	}
 	return err
 }
 
-// Close implements seam.Tx: it returns the pool's connection, if the call
+// Close implements driver.Tx: it returns the pool's connection, if the call
 // took one.
 func (h *heldTx) Close() {
 	if h.pc != nil {
@@ -299,17 +307,17 @@ func (s *heldTx) DrawRow(ctx context.Context, query string, dest ...any) error {
 	return s.pool.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }
 
-// DrawPool implements seam.DrawPool: WithFencing sets a connection of the
+// OpenDraw implements driver.Drawer: WithFencing sets a connection of the
 // pool aside for draws.
-func (a *acquirer) DrawPool() (any, func(context.Context) (seam.DrawConn, error), error) {
+func (a *acquirer) OpenDraw() (func(context.Context) (driver.DrawConn, error), error) {
 	if a.pool == nil {
-		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and db is a single connection, not a *pgxpool.Pool", txlock.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and db is a single connection, not a *pgxpool.Pool", txlock.ErrInvalidArgument)
 	}
 	if a.pool.Config().MaxConns == 1 {
-		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and the pool allows one (MaxConns 1), which the lock needs", txlock.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: WithFencing sets a connection of the pool aside for fencing tokens, and the pool allows one (MaxConns 1), which the lock needs", txlock.ErrInvalidArgument)
 	}
 	pool := a.pool
-	return pool, func(ctx context.Context) (seam.DrawConn, error) {
+	return func(ctx context.Context) (driver.DrawConn, error) {
 		pc, err := pool.Acquire(ctx)
 		if err != nil {
 			return nil, err

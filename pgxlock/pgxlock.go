@@ -58,7 +58,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlock/txlock"
-	"github.com/txlock/txlock/internal/seam"
 )
 
 // DB is where a lock is taken: a *pgxpool.Pool, a *pgxpool.Conn or a
@@ -81,26 +80,26 @@ type DB interface {
 // runs fn in the same transaction, and commits: txlock.WithLock, with a
 // pgx.Tx.
 func WithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := lockCall(ctx, db, key, nil, false, false, fn, opts)
+	_, err := lockCall(ctx, db, key, nil, false, fn, opts)
 	return err
 }
 
 // WithLocks is WithLock for several keys, taken all or nothing:
 // txlock.WithLocks.
 func WithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := lockCall(ctx, db, txlock.Key{}, keys, true, false, fn, opts)
+	_, err := lockCall(ctx, db, txlock.Key{}, nonNil(keys), false, fn, opts)
 	return err
 }
 
 // TryWithLock makes one attempt at key; if the lock is busy it returns
 // (false, nil) without running fn: txlock.TryWithLock.
 func TryWithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return lockCall(ctx, db, key, nil, false, true, fn, opts)
+	return lockCall(ctx, db, key, nil, true, fn, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return lockCall(ctx, db, txlock.Key{}, keys, true, true, fn, opts)
+	return lockCall(ctx, db, txlock.Key{}, nonNil(keys), true, fn, opts)
 }
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -121,7 +120,7 @@ func lockTx(ctx context.Context, tx pgx.Tx, key txlock.Key, try bool, opts []txl
 	if tx == nil {
 		return false, fmt.Errorf("%w: tx is nil", txlock.ErrInvalidArgument)
 	}
-	return seam.LockTx(ctx, &seam.TxRequest{Key: &key, Try: try, Opts: opts, Tx: execer{tx}})
+	return txlock.DriverLockTx(ctx, execer{tx}, key, try, opts...)
 }
 
 // execer runs LockTx's statements in the caller's transaction.
@@ -135,30 +134,26 @@ func (e execer) ExecRows(ctx context.Context, stmt string) (int64, error) {
 	return tag.RowsAffected(), nil
 }
 
-// call is the state of one call, in one allocation.
+// call is a call's state, in one allocation.
 type call struct {
-	req seam.Request
 	a   acquirer
-	key txlock.Key
+	one [1]txlock.Key
 }
 
-func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, multi, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
+// lockCall runs a call of the WithLock family with an acquirer on db:
+// keys, or if keys is nil, key.
+func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
 	cl := &call{}
 	a := &cl.a
 	switch db := any(db).(type) {
 	case *pgxpool.Pool:
-		if db != nil {
-			a.pool = db
-			cl.req.Queue = db
-		}
+		a.pool = db
 	case *pgxpool.Conn:
 		if db != nil {
 			a.conn = db.Conn()
 		}
 	case *pgx.Conn:
-		if db != nil {
-			a.conn = db
-		}
+		a.conn = db
 	}
 	if a.pool == nil && a.conn == nil {
 		return false, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
@@ -171,11 +166,19 @@ func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key
 	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
 	}
-	a.fn, a.plan = fn, &cl.req.Plan
-	cl.key = key
-	cl.req.Key, cl.req.Multi, cl.req.Try, cl.req.Opts, cl.req.A = &cl.key, multi, try, opts, a
-	if multi {
-		cl.req.Keys = keys
+	a.fn = fn
+	if keys == nil {
+		cl.one[0] = key
+		keys = cl.one[:]
 	}
-	return seam.Run(ctx, &cl.req)
+	return txlock.DriverLock(ctx, a, keys, try, opts...)
+}
+
+// nonNil returns keys, or an empty slice for nil: WithLocks with no keys is
+// refused as such, not taken for WithLock.
+func nonNil(keys []txlock.Key) []txlock.Key {
+	if keys == nil {
+		return []txlock.Key{}
+	}
+	return keys
 }

@@ -1,0 +1,223 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/txlock/txlock/driver"
+)
+
+// DriverLock runs a call of the WithLock family whose attempts a driver
+// makes (package driver): WithLock, or for several keys, taken all or
+// nothing, WithLocks; with try, TryWithLock or TryWithLocks. It is how a
+// driver package such as pgxlock reuses txlock's lock loop, with the same
+// options, local queues, events, fencing tokens and errors; users call the
+// driver package's functions. keys and opts are checked as WithLock checks
+// them, before a's first attempt; a single key's slice is not kept.
+func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, opts ...Option) (acquired bool, err error) {
+	dc := &driverCall{}
+	c := &dc.c
+	if err := c.init(opts, false); err != nil {
+		return false, err
+	}
+	if isNil(a) {
+		return false, fmt.Errorf("%w: the driver's acquirer is nil", ErrInvalidArgument)
+	}
+	if keys, err = driverKeys(keys, &dc.one); err != nil {
+		return false, err
+	}
+	dc.a = driverAcquirer{a: a, c: c, keys: keys}
+	if err := dc.a.plan(); err != nil {
+		return false, err
+	}
+	c.ev.start(ctx)
+	var t *ticket
+	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
+		t = &dc.t
+		t.key = queueKey{handle: pool, stmt: dc.a.query, serverWait: c.serverWait != nil}
+	}
+	return lockLoop(ctx, c, c.waitMode(try), &dc.a, keys, t, &dc.st0)
+}
+
+// DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction
+// that a driver reaches through tx: how pgxlock's LockTx reuses txlock's.
+func DriverLockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts ...Option) (acquired bool, err error) {
+	a := &callerTx{tx: tx}
+	if err := a.c.init(opts, true); err != nil {
+		return false, err
+	}
+	if isNil(tx) {
+		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
+	}
+	return a.lock(ctx, key, try)
+}
+
+// driverCall is the state of one driver call, in one allocation.
+type driverCall struct {
+	c   config
+	a   driverAcquirer
+	t   ticket
+	st0 lockState
+	one [1]Key
+}
+
+// driverAcquirer is a driver's Acquirer as the lock loop's acquirer.
+type driverAcquirer struct {
+	a     driver.Acquirer
+	c     *config
+	keys  []Key
+	begin string // the BEGIN of the call's transactions
+	query string // a polling attempt's query: see plan
+	h     holder // the granted lock
+}
+
+var _ acquirer = (*driverAcquirer)(nil)
+
+func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
+	at := driver.Attempt{Begin: d.begin, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
+	if b.window > 0 {
+		at.Window, at.Stmt = b.window, waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
+	} else {
+		at.Query = d.query
+	}
+	r, err := d.a.Attempt(ctx, at)
+	if err != nil {
+		return busy, err
+	}
+	out := granted
+	switch {
+	case r.Err != nil:
+		// Every error of a statement in a transaction of the call's own,
+		// a window's end and a deadlock among them.
+		return classifyOwn(r.Err)
+	case b.window > 0:
+		out, err = rowsOutcome(r.Rows)
+	}
+	tx := r.Tx
+	if out == granted && err == nil && ctx.Err() != nil {
+		// ctx ended as the lock was granted: fn must not start.
+		out, err = busy, ctx.Err()
+	}
+	if out != granted || err != nil {
+		_ = tx.Rollback()
+		tx.Close()
+		return out, err
+	}
+	// The driver's transaction has no context of its own: fn's statements
+	// end with fn's context, which the hold bound, if any, ends (and the
+	// server's side of the bound ends the session).
+	d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	if d.c.maxHold > 0 {
+		d.h.bound(d.c.maxHold)
+	}
+	return granted, nil
+}
+
+func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
+	d.sessionOf(st, d.h.tx)
+	return d.h.runFn(st, handOn)
+}
+
+func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {
+	tx, err := d.a.BeginUnlocked(ctx, d.begin)
+	if err != nil {
+		return err
+	}
+	d.sessionOf(st, tx)
+	h := &holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	return h.runFn(st, nil)
+}
+
+// sessionOf makes tx the session that st's fencing tokens use, if it is
+// one.
+func (d *driverAcquirer) sessionOf(st *lockState, tx driver.Tx) {
+	st.sess, _ = tx.(driver.Session)
+}
+
+func (d *driverAcquirer) pooled() bool { return d.a.Pool() != driver.PoolKey{} }
+
+// drawPool implements drawPooler with the driver's Drawer.
+func (d *driverAcquirer) drawPool() (any, func(context.Context) (drawConn, error), error) {
+	p, ok := d.a.(driver.Drawer)
+	if !ok {
+		return nil, nil, fmt.Errorf("%w: WithFencing is not supported by this driver", ErrInvalidArgument)
+	}
+	open, err := p.OpenDraw()
+	if err != nil {
+		return nil, nil, err
+	}
+	return d.a.Pool(), func(ctx context.Context) (drawConn, error) {
+		c, err := open(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return driverDrawConn{c}, nil
+	}, nil
+}
+
+// driverDrawConn is a driver's DrawConn as a drawConn.
+type driverDrawConn struct{ c driver.DrawConn }
+
+func (d driverDrawConn) drawRow(ctx context.Context, query string, dest ...any) error {
+	return d.c.DrawRow(ctx, query, dest...)
+}
+
+func (d driverDrawConn) close() { d.c.Close() }
+
+// idleConn reports whether the driver's pool has an idle connection, for
+// the default strategy's window in the server (see config.headWindow).
+func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
+
+// plan builds what the call sends: its BEGIN, and its polling query,
+// which is the lock statement (formFailBusy) and the BEGIN in one string. The lock statement comes first, so that a busy lock ends the
+// query before the BEGIN and leaves the connection in no transaction,
+// unless the transaction has an explicit isolation level: PostgreSQL
+// refuses to set one once a query has run in the transaction, so BEGIN
+// then comes first, and a busy attempt leaves the transaction aborted,
+// for the driver to roll back.
+func (d *driverAcquirer) plan() error {
+	c := d.c
+	d.begin = "BEGIN"
+	beginFirst := false
+	if o := c.txOpts; o != nil {
+		level := ""
+		switch o.Isolation {
+		case sql.LevelDefault:
+		case sql.LevelReadUncommitted:
+			level = " ISOLATION LEVEL READ UNCOMMITTED"
+		case sql.LevelReadCommitted:
+			level = " ISOLATION LEVEL READ COMMITTED"
+		case sql.LevelRepeatableRead:
+			level = " ISOLATION LEVEL REPEATABLE READ"
+		case sql.LevelSerializable:
+			level = " ISOLATION LEVEL SERIALIZABLE"
+		default:
+			return fmt.Errorf("%w: WithTxOptions: PostgreSQL has no isolation level %v", ErrInvalidArgument, o.Isolation)
+		}
+		d.begin += level
+		if o.ReadOnly {
+			d.begin += " READ ONLY"
+		}
+		beginFirst = level != ""
+	}
+	if beginFirst {
+		d.query = d.begin + "; " + lockStatement(d.keys, c.shared, c.maxHold, formFailBusy)
+	} else {
+		d.query = lockStatement(d.keys, c.shared, c.maxHold, formFailBusy, "; "+d.begin)
+	}
+	return nil
+}
+
+// driverKeys checks a driver call's keys. A single key is copied to one,
+// so that the driver's slice is not kept.
+func driverKeys(keys []Key, one *[1]Key) ([]Key, error) {
+	if len(keys) != 1 {
+		return canonicalKeys(keys)
+	}
+	if err := keys[0].Err(); err != nil {
+		return nil, err
+	}
+	one[0] = keys[0]
+	return one[:], nil
+}

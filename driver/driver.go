@@ -1,0 +1,156 @@
+// Package driver is the contract between txlock's lock loop and a driver
+// package: the code that says how one attempt, and the transaction fn runs
+// in, reach the server through a database library other than database/sql.
+// Package pgxlock is such a driver, for pgx used natively. Users call a
+// driver package's functions; only a driver's author needs this package.
+//
+// The lock loop (txlock.DriverLock) decides everything else, as it does for
+// database/sql: the options, the local queues, the retry and the time
+// bounds, what the server's answer means (granted, busy, a server in
+// recovery, a failure), the commit rules, the hold bound's client side, the
+// events and fencing tokens. A driver sends the statements it is given and
+// reports what came back. The contract uses standard library types only.
+//
+// Before txlock v1 the contract may change in a minor version.
+package driver
+
+import (
+	"context"
+	"errors"
+	"time"
+	"unsafe"
+)
+
+// An Acquirer makes one call's attempts, on a pool or on one session.
+type Acquirer interface {
+	// Attempt makes one attempt within a: it begins a transaction and
+	// runs the lock statement in it (a.Query, or with a.Window, a.Begin
+	// then a.Stmt), and returns what the server answered. An error means
+	// the statement's answer never came (no connection, a failed BEGIN,
+	// the wait's context): the attempt has then let go of every connection
+	// it took, and left none in a transaction. An attempt must not outlast
+	// a.Deadline by more than it takes a server that answers to do so.
+	Attempt(ctx context.Context, a Attempt) (Result, error)
+	// BeginUnlocked begins a transaction with the statement begin,
+	// without the lock (txlock.WithFailOpen).
+	BeginUnlocked(ctx context.Context, begin string) (Tx, error)
+	// Pool returns the key of the pool the attempts take connections
+	// from, or the zero PoolKey when the call was given one session.
+	Pool() PoolKey
+	// IdleConn reports whether the pool has an idle connection, which a
+	// wait in the server takes without opening one or waiting for one.
+	IdleConn() bool
+}
+
+// Attempt is what one attempt sends, and what bounds it.
+type Attempt struct {
+	// Begin is the statement that begins the call's transaction (BEGIN,
+	// with the options of txlock.WithTxOptions).
+	Begin string
+	// Query is a polling attempt's query, when Window is 0: the lock
+	// statement and Begin in one string, sent as one query with the
+	// simple protocol. A busy lock fails it (SQLSTATE 22P02) before its
+	// BEGIN, unless the transaction has an explicit isolation level: Begin
+	// then comes first, and a busy attempt leaves the transaction aborted,
+	// for the driver to roll back.
+	Query string
+	// Window, if not 0, is how long the attempt may wait in the server's
+	// lock queue: the driver begins the transaction with Begin, then runs
+	// Stmt.
+	Window time.Duration
+	// Stmt is a window's statement: it waits in the server's lock queue
+	// for at most Window, and reports its outcome in its row count.
+	Stmt string
+	// Deadline is the wait's: an attempt's I/O must end by it, give or
+	// take the time a server that answers takes to do so.
+	Deadline time.Time
+	// WaitCtx ends at Deadline or with the caller's context; nil until
+	// the wait has needed it (an uncontended call's first attempt goes
+	// without).
+	WaitCtx context.Context
+	// PrevEnd, if not nil, is closed once the transaction of the caller
+	// that handed this call its turn has ended: the lock statement must
+	// not be sent before.
+	PrevEnd <-chan struct{}
+}
+
+// Result is what the server answered an attempt's lock statement.
+type Result struct {
+	// Err is the lock statement's error, if it failed (a busy lock fails
+	// a polling Query on purpose). The attempt has then let go of its
+	// connection, in no transaction.
+	Err error
+	// Tx is the attempt's transaction, if the statement succeeded: the
+	// lock's, if it was granted; the lock loop ends it otherwise.
+	Tx Tx
+	// Rows is the row count of a window's Stmt. A polling Query that
+	// succeeds is a grant, whatever its rows.
+	Rows int64
+}
+
+// A Tx is a transaction that fn runs in: the lock's, or WithFailOpen's.
+// The lock loop runs fn and ends the transaction by WithLock's commit
+// rules; a Tx only says how each step reaches the server. A Tx that is
+// also a Session is where fencing tokens are drawn.
+type Tx interface {
+	// Fn runs the call's fn with the transaction, and ctx as fn's context.
+	Fn(ctx context.Context) error
+	// Commit commits, under ctx. It returns an error matching ErrTxDone if
+	// fn had ended the transaction itself, and one matching ErrRolledBack
+	// if the driver rolled it back, without a COMMIT, as its context
+	// ended.
+	Commit(ctx context.Context) error
+	// Rollback rolls back, with a bound of its own: an error matching
+	// ErrTxDone means fn had ended the transaction itself. A transaction
+	// the driver rolled back as its context ended is no error.
+	Rollback() error
+	// Close lets go of the transaction's connection, once it has ended.
+	Close()
+}
+
+// The errors by which a Tx says how its transaction had ended.
+var (
+	ErrTxDone     = errors.New("the transaction had already ended: fn ended it")
+	ErrRolledBack = errors.New("the transaction was rolled back as its context ended")
+)
+
+// A PoolKey identifies a pool. Calls of one process that wait for the same
+// keys on equal PoolKeys queue behind each other, and WithFencing calls on
+// equal PoolKeys share one connection set aside for draws. The zero PoolKey
+// is none: one session, which neither queues nor sets a connection aside.
+type PoolKey struct{ p unsafe.Pointer }
+
+// PoolKeyOf returns the key of the pool pool points to.
+func PoolKeyOf[T any](pool *T) PoolKey { return PoolKey{unsafe.Pointer(pool)} }
+
+// A Drawer is an Acquirer on a pool in which a call can set a connection
+// aside for fencing-token draws (txlock.WithFencing).
+type Drawer interface {
+	// OpenDraw returns how to take a draw connection of the pool, or an
+	// error matching txlock.ErrInvalidArgument that says why the pool
+	// cannot spare one (it has one connection in all, say).
+	OpenDraw() (func(context.Context) (DrawConn, error), error)
+}
+
+// A DrawConn is a connection set aside for draws.
+type DrawConn interface {
+	// DrawRow runs query, a draw, and scans its row into dest.
+	DrawRow(ctx context.Context, query string, dest ...any) error
+	Close()
+}
+
+// A Session is the lock's transaction as fencing tokens need it.
+type Session interface {
+	// DrawRow runs query on another connection than the lock's and scans
+	// its row into dest, or returns an error matching txlock.ErrNoToken
+	// when there is no other connection.
+	DrawRow(ctx context.Context, query string, dest ...any) error
+	// LockRow runs query in the lock's transaction and scans its row.
+	LockRow(ctx context.Context, query string, dest ...any) error
+}
+
+// An Execer runs a statement in a caller's transaction (txlock.DriverLockTx)
+// and returns its row count.
+type Execer interface {
+	ExecRows(ctx context.Context, stmt string) (int64, error)
+}
