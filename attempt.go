@@ -13,7 +13,7 @@ import (
 // connection to the pool, and a granted one keeps the transaction for fn.
 type ownTx struct {
 	c    *config
-	db   Beginner
+	db   DB
 	pool *sql.DB // the pool behind db, if the call queues on one; else nil
 	fn   func(context.Context, *sql.Tx) error
 	keys []Key

@@ -16,7 +16,7 @@ import (
 // heartbeat). term.go holds the Term and its end.
 
 // acquireTerm validates the call, campaigns, and starts the term.
-func acquireTerm(ctx context.Context, db Beginner, key Key, opts []Option, try bool) (*Term, error) {
+func acquireTerm(ctx context.Context, db DB, key Key, opts []Option, try bool) (*Term, error) {
 	t := &Term{key: key}
 	c, a := &t.c, &t.a
 	all := make([]Option, 0, len(opts)+1)

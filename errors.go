@@ -183,7 +183,7 @@ func errServerWaitIsolation(err error) error {
 // errTermIsolation explains termStatement's refusal of the transaction's
 // isolation level (isTermIsolationError).
 func errTermIsolation(err error) error {
-	return fmt.Errorf("%w: a term needs ReadCommitted: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term (the level came from the server's default_transaction_isolation, which the Beginner let apply): %w", ErrInvalidArgument, err)
+	return fmt.Errorf("%w: a term needs ReadCommitted: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term (the level came from the server's default_transaction_isolation, which the DB let apply): %w", ErrInvalidArgument, err)
 }
 
 // errBusy is the internal result of a try that found the lock held.

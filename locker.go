@@ -15,14 +15,14 @@ import (
 // is safe for concurrent use, and its methods behave exactly like the
 // functions of the same name.
 type Locker struct {
-	db   Beginner
+	db   DB
 	opts []Option
 }
 
 // New returns a Locker on db whose calls use opts. It validates opts and db
 // as WithLock would, and reports an error matching ErrInvalidArgument
 // before anything is sent to the database.
-func New(db Beginner, opts ...Option) (*Locker, error) {
+func New(db DB, opts ...Option) (*Locker, error) {
 	var c config
 	if err := c.init(opts, false); err != nil {
 		return nil, err
@@ -76,4 +76,4 @@ func (l *Locker) TryLockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Opt
 }
 
 // DB returns the Locker's database.
-func (l *Locker) DB() Beginner { return l.db }
+func (l *Locker) DB() DB { return l.db }

@@ -233,13 +233,13 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 }
 
 // queueHandle is the identity of db for the local queues, or nil if its
-// calls do not queue. A Beginner that wraps another handle for one call (as
+// calls do not queue. A DB that wraps another handle for one call (as
 // package sqlxlock does) names the handle it wraps with a TxlockQueueHandle
 // method, so that its calls share a queue with every other call on that
 // handle. A pointer to a struct that embeds a *sql.DB (as *sqlx.DB does)
 // is that *sql.DB. Only pointers qualify: any other value could hold
 // something that panics when compared.
-func queueHandle(db Beginner) any {
+func queueHandle(db DB) any {
 	var h any = db
 	if w, ok := db.(interface{ TxlockQueueHandle() any }); ok {
 		h = w.TxlockQueueHandle()

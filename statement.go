@@ -353,7 +353,7 @@ func settingMillis(d time.Duration) int64 {
 // Above read committed the transaction's snapshot would hold back vacuum for
 // the whole term (backend_xmin stays set); AcquireTerm begins the
 // transaction at read committed, and the isolation branch catches a
-// Beginner that does not pass that on, where the server's
+// DB that does not pass that on, where the server's
 // default_transaction_isolation would apply. A transaction_timeout in force
 // (from the server, role, database or connection) is stopped by setting it
 // to 0: a term lasts as long as its heartbeats succeed, and the idle bound

@@ -168,14 +168,14 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // connection), WithMaxHold (the heartbeat bounds a term), WithFailOpen and
 // WithSerializationRetries are refused with ErrInvalidArgument, and so, by
 // the Locker's methods, is a Locker whose New was given one of them.
-func AcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (*Term, error) {
+func AcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
 	return acquireTerm(ctx, db, key, opts, false)
 }
 
 // TryAcquireTerm makes one attempt at key, and starts a term if the lock is
 // granted, as AcquireTerm does. If another session holds the lock, it
 // returns a nil Term and a nil error. It never queues or waits.
-func TryAcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (*Term, error) {
+func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
 	return acquireTerm(ctx, db, key, opts, true)
 }
 
@@ -211,7 +211,7 @@ func TryAcquireTerm(ctx context.Context, db Beginner, key Key, opts ...Option) (
 //
 // Inside fn, ctx is also a txlock fn context: FenceToken(ctx) returns the
 // term's token, and LockFromContext and Held describe the term.
-func Lead(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
+func Lead(ctx context.Context, db DB, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
 	if fn == nil {
 		return fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
 	}

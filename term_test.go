@@ -149,7 +149,7 @@ func TestTermHoldsAndReleases(t *testing.T) {
 	}
 }
 
-// A Beginner that drops the transaction options it is given, so that the
+// A DB that drops the transaction options it is given, so that the
 // server's default_transaction_isolation applies.
 type dropOptions struct{ db *sql.DB }
 
@@ -249,7 +249,7 @@ func TestTermOptionsRefused(t *testing.T) {
 }
 
 // The server's default_transaction_isolation cannot make a term hold a
-// snapshot: AcquireTerm begins at read committed, and a Beginner that drops
+// snapshot: AcquireTerm begins at read committed, and a DB that drops
 // that option is refused by the statement itself.
 func TestTermServerDefaultRepeatableRead(t *testing.T) {
 	check := termDB(t)

@@ -219,7 +219,7 @@ func (f Fencer) sequence() (string, error) {
 // tokenPool returns where a token is drawn when the call set no connection
 // aside (WithFencing): db, if it is a pool with a connection to spare, and
 // its queue handle.
-func tokenPool(db Beginner) (rowQuerier, any, error) {
+func tokenPool(db DB) (rowQuerier, any, error) {
 	if _, ok := db.(*sql.Conn); ok {
 		return nil, nil, fmt.Errorf("%w: fencing tokens are drawn on a second connection, and WithLock was given a single *sql.Conn; give it the *sql.DB", ErrNoToken)
 	}

@@ -14,18 +14,18 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// Beginner is what WithLock needs of a database: *sql.DB, *sql.Conn and
+// DB is what WithLock needs of a database: *sql.DB, *sql.Conn and
 // *sqlx.DB all satisfy it. A *sql.Conn is one session, with room for one
 // transaction: it must not be shared by WithLock calls that run at the same
 // time (database/sql lets a second transaction begin on it, inside the
 // first, where it would be granted the first one's locks).
-type Beginner interface {
+type DB interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 var (
-	_ Beginner = (*sql.DB)(nil)
-	_ Beginner = (*sql.Conn)(nil)
+	_ DB = (*sql.DB)(nil)
+	_ DB = (*sql.Conn)(nil)
 )
 
 // WithLock takes the exclusive transaction-scoped advisory lock key, then runs
@@ -61,7 +61,7 @@ var (
 // A server in recovery is refused with ErrStandby. Invalid arguments are
 // reported with ErrInvalidArgument or ErrInvalidKey before the database is
 // touched.
-func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
+func WithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
 	_, err := newCall(db, fn, false).start(ctx, key, nil, opts)
 	return err
 }
@@ -69,7 +69,7 @@ func WithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Con
 // WithLocks is WithLock for several keys, taken all or nothing: every
 // attempt asks for all of them, in canonical order, in one statement, and a
 // partial grant is rolled back with the attempt. It never deadlocks.
-func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
+func WithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
 	_, err := newCall(db, fn, true).start(ctx, Key{}, keys, opts)
 	return err
 }
@@ -80,14 +80,14 @@ func WithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context
 // returns (true, the result). An error that is not about the lock, such as a
 // failed connection, is returned with false. It never queues or waits, with
 // any option.
-func TryWithLock(ctx context.Context, db Beginner, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
+func TryWithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
 	cl := newCall(db, fn, false)
 	cl.try = true
 	return cl.start(ctx, key, nil, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
-func TryWithLocks(ctx context.Context, db Beginner, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
+func TryWithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
 	cl := newCall(db, fn, true)
 	cl.try = true
 	return cl.start(ctx, Key{}, keys, opts)
@@ -146,8 +146,8 @@ type ownTerm interface {
 type lockState struct {
 	context.Context
 	lock Lock
-	db   Beginner // where the lock was taken: tokens are drawn there
-	tx   *sql.Tx  // the lock's transaction
+	db   DB      // where the lock was taken: tokens are drawn there
+	tx   *sql.Tx // the lock's transaction
 	// sess, for a driver's lock (see driver.go), stands for db and tx.
 	sess driver.Session
 	// draw is the connection WithFencing set aside for draws, or nil.
@@ -219,7 +219,7 @@ type call struct {
 	one   [1]Key
 }
 
-func newCall(db Beginner, fn func(context.Context, *sql.Tx) error, multi bool) *call {
+func newCall(db DB, fn func(context.Context, *sql.Tx) error, multi bool) *call {
 	cl := &call{multi: multi}
 	cl.a = ownTx{c: &cl.c, db: db, fn: fn}
 	return cl
@@ -446,7 +446,7 @@ const MaxKeys = 1000
 
 // nilDB reports a nil db, or one that wraps a nil handle (TxlockQueueHandle,
 // see queueHandle).
-func nilDB(db Beginner) bool {
+func nilDB(db DB) bool {
 	if isNil(db) {
 		return true
 	}

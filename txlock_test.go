@@ -778,7 +778,7 @@ func TestFailOpen(t *testing.T) {
 	assert.False(t, txlock.Held(context.Background()))
 }
 
-func TestSQLConnAsBeginner(t *testing.T) {
+func TestSQLConnAsDB(t *testing.T) {
 	db := direct(t)
 	conn, err := db.Conn(context.Background())
 	require.NoError(t, err)

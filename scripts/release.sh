@@ -140,7 +140,7 @@ consumer() {
 consumers() {
 	local version
 	version=$(current_version)
-	consumer "$library" "$version" "$1" "$library" "$library/pgxlock" "$library/sqlxlock" "$library/interop"
+	consumer "$library" "$version" "$1" "$library" "$library/driver" "$library/pgxlock" "$library/sqlxlock" "$library/interop"
 	consumer "$library/txlockprom" "$version" "$1" "$library/txlockprom"
 	consumer "$library/txlockotel" "$version" "$1" "$library/txlockotel"
 }

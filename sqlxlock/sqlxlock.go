@@ -14,19 +14,19 @@ import (
 	"github.com/txlock/txlock"
 )
 
-// Beginner is what WithLock needs of a database: *sqlx.DB and *sqlx.Conn
+// DB is what WithLock needs of a database: *sqlx.DB and *sqlx.Conn
 // satisfy it.
-type Beginner interface {
+type DB interface {
 	BeginTxx(ctx context.Context, opts *sql.TxOptions) (*sqlx.Tx, error)
 }
 
 var (
-	_ Beginner = (*sqlx.DB)(nil)
-	_ Beginner = (*sqlx.Conn)(nil)
+	_ DB = (*sqlx.DB)(nil)
+	_ DB = (*sqlx.Conn)(nil)
 )
 
 // WithLock is txlock.WithLock with a *sqlx.Tx.
-func WithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
+func WithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
 	a, f, err := adapt(db, fn)
 	if err != nil {
 		return err
@@ -35,7 +35,7 @@ func WithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx cont
 }
 
 // WithLocks is txlock.WithLocks with a *sqlx.Tx.
-func WithLocks(ctx context.Context, db Beginner, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
+func WithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) error {
 	a, f, err := adapt(db, fn)
 	if err != nil {
 		return err
@@ -44,7 +44,7 @@ func WithLocks(ctx context.Context, db Beginner, keys []txlock.Key, fn func(ctx 
 }
 
 // TryWithLock is txlock.TryWithLock with a *sqlx.Tx.
-func TryWithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+func TryWithLock(ctx context.Context, db DB, key txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
 	a, f, err := adapt(db, fn)
 	if err != nil {
 		return false, err
@@ -53,7 +53,7 @@ func TryWithLock(ctx context.Context, db Beginner, key txlock.Key, fn func(ctx c
 }
 
 // TryWithLocks is txlock.TryWithLocks with a *sqlx.Tx.
-func TryWithLocks(ctx context.Context, db Beginner, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+func TryWithLocks(ctx context.Context, db DB, keys []txlock.Key, fn func(ctx context.Context, tx *sqlx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
 	a, f, err := adapt(db, fn)
 	if err != nil {
 		return false, err
@@ -80,7 +80,7 @@ func TryLockTx(ctx context.Context, tx *sqlx.Tx, key txlock.Key, opts ...txlock.
 // adapter lets txlock begin sqlx transactions. txlock makes one attempt at a
 // time within a call, so the transaction it hands to fn is the last one begun.
 type adapter struct {
-	db   Beginner
+	db   DB
 	last *sqlx.Tx
 }
 
@@ -125,7 +125,7 @@ func (p poolAdapter) QueryRowContext(ctx context.Context, query string, args ...
 
 func (p poolAdapter) Stats() sql.DBStats { return p.pool.Stats() }
 
-func adapt(db Beginner, fn func(context.Context, *sqlx.Tx) error) (txlock.Beginner, func(context.Context, *sql.Tx) error, error) {
+func adapt(db DB, fn func(context.Context, *sqlx.Tx) error) (txlock.DB, func(context.Context, *sql.Tx) error, error) {
 	// txlock reports a nil db, through TxlockQueueHandle.
 	if fn == nil {
 		return nil, nil, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)

@@ -35,7 +35,7 @@ import (
 // database/sql pool (Start) and with pgxlock on a pgx pool (StartPgx). It is
 // Locked, or Unlocked for the control runs that show the checks can fail.
 type Locker struct {
-	sql func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error
+	sql func(ctx context.Context, db txlock.DB, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error
 	pgx func(ctx context.Context, db *pgxpool.Pool, keys []txlock.Key, fn func(context.Context, pgx.Tx) error) error
 }
 
@@ -43,7 +43,7 @@ type Locker struct {
 // with WithLocks (txlock's, or pgxlock's on a pgx pool), passing opts.
 func Locked(opts ...txlock.Option) Locker {
 	return Locker{
-		sql: func(ctx context.Context, db txlock.Beginner, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
+		sql: func(ctx context.Context, db txlock.DB, keys []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
 			if len(keys) == 1 {
 				return txlock.WithLock(ctx, db, keys[0], fn, opts...)
 			}
@@ -62,7 +62,7 @@ func Locked(opts ...txlock.Option) Locker {
 // transaction. It exists for control runs, which must show violations.
 func Unlocked() Locker {
 	return Locker{
-		sql: func(ctx context.Context, db txlock.Beginner, _ []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
+		sql: func(ctx context.Context, db txlock.DB, _ []txlock.Key, fn func(context.Context, *sql.Tx) error) error {
 			tx, err := db.BeginTx(ctx, nil)
 			if err != nil {
 				return err
@@ -345,7 +345,7 @@ type Run struct {
 
 // Start runs workers goroutines, each calling the Locker in a loop on db,
 // until Stop, or until target calls have succeeded (0: no target).
-func (l *Ledger) Start(db txlock.Beginner, workers int, target int64) *Run {
+func (l *Ledger) Start(db txlock.DB, workers int, target int64) *Run {
 	return l.start(workers, target, func(ctx context.Context, keys []txlock.Key, fn func(context.Context, sectionTx) error) error {
 		return l.cfg.Lock.sql(ctx, db, keys, func(ctx context.Context, tx *sql.Tx) error { return fn(ctx, sqlTx{tx}) })
 	})
