@@ -233,9 +233,13 @@ func (t deadlineTie) untie() bool {
 // The statement's answer is carried in the row count of the command tag (see
 // lockStatement), which database/sql returns as RowsAffected.
 func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
-	n, err := sqlTx{tx}.ExecRows(ctx, stmt)
+	res, err := tx.ExecContext(ctx, stmt)
 	if err != nil {
 		return classifyOwn(err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return busy, fmt.Errorf("txlock: lock statement result: %w", err)
 	}
 	return rowsOutcome(n)
 }

@@ -13,24 +13,18 @@ import (
 // term. The server bounds it too, with the TTL as the transaction's
 // idle_in_transaction_session_timeout.
 
-// Defaults of a Heartbeat's zero fields.
+// Defaults of a Heartbeat's zero fields (see Heartbeat).
 const (
-	// DefaultHeartbeatInterval is the time between a term's heartbeats.
-	DefaultHeartbeatInterval = time.Second
-	// DefaultHeartbeatTTLIntervals is how many intervals a term survives
-	// without a successful heartbeat: its TTL is 3 intervals (3s by
-	// default).
-	DefaultHeartbeatTTLIntervals = 3
+	heartbeatInterval     = time.Second
+	heartbeatTTLIntervals = 3
 )
 
-// Defaults of a campaign's polling: the RetryStrategy of AcquireTerm and
-// Lead without WithRetry is ExponentialBackoff{Min:
-// DefaultCampaignBackoffMin, Max: DefaultCampaignBackoffMax}. A campaign can
-// last for hours, so it polls less often than WithLock; a resigned term's
+// Defaults of a campaign's polling (see AcquireTerm). A campaign can last
+// for hours, so it polls less often than WithLock; a resigned term's
 // successor is elected within one poll of the candidates.
 const (
-	DefaultCampaignBackoffMin = 10 * time.Millisecond
-	DefaultCampaignBackoffMax = 500 * time.Millisecond
+	campaignBackoffMin = 10 * time.Millisecond
+	campaignBackoffMax = 500 * time.Millisecond
 )
 
 // Heartbeat configures how a term proves that it is alive (WithHeartbeat).
@@ -73,15 +67,14 @@ const (
 // monotonic clock; a machine that is suspended as a whole may stop that
 // clock: fence the writes, see Term.Token).
 type Heartbeat struct {
-	// Interval is the time between heartbeats. Zero means
-	// DefaultHeartbeatInterval.
+	// Interval is the time between heartbeats. Zero means 1s.
 	Interval time.Duration
 	// Timeout bounds each heartbeat statement. Zero means Interval. A
 	// heartbeat never waits past the term's local expiry, whatever Timeout
 	// says.
 	Timeout time.Duration
 	// TTL is how long a term survives without a successful heartbeat. Zero
-	// means DefaultHeartbeatTTLIntervals times Interval. It must be at
+	// means 3 times Interval. It must be at
 	// least twice Interval: the session is idle for an interval between
 	// two heartbeats, and a late one must not end a healthy term. It must
 	// not exceed 2147483647ms (about 24.8 days), the largest
@@ -94,13 +87,13 @@ type Heartbeat struct {
 // withDefaults returns h with its zero fields set.
 func (h Heartbeat) withDefaults() Heartbeat {
 	if h.Interval == 0 {
-		h.Interval = DefaultHeartbeatInterval
+		h.Interval = heartbeatInterval
 	}
 	if h.Timeout == 0 {
 		h.Timeout = h.Interval
 	}
 	if h.TTL == 0 {
-		h.TTL = DefaultHeartbeatTTLIntervals * h.Interval
+		h.TTL = heartbeatTTLIntervals * h.Interval
 	}
 	return h
 }

@@ -14,11 +14,9 @@ import (
 // of the two wins.
 const DefaultTimeout = 5 * time.Second
 
-// DefaultSerializationRetries is how many times WithLock re-runs fn after a
-// serialization failure (SQLSTATE 40001) or deadlock (40P01) when
-// WithTxOptions sets the isolation to RepeatableRead or Serializable. See
-// WithSerializationRetries.
-const DefaultSerializationRetries = 3
+// serializationRetries is WithSerializationRetries's default when
+// WithTxOptions sets the isolation to RepeatableRead or Serializable.
+const serializationRetries = 3
 
 // Option configures one call of WithLock, WithLocks, TryWithLock,
 // TryWithLocks, LockTx or TryLockTx. Options are validated before the
@@ -216,7 +214,7 @@ func WithFailOpen(logger *slog.Logger) Option {
 // must then be safe to run more than once: keep side effects outside the
 // database out of it, or pass 0.
 //
-// The default is DefaultSerializationRetries for RepeatableRead and
+// The default is 3 for RepeatableRead and
 // Serializable transactions (see WithTxOptions for why), and 0 otherwise.
 // The level is the one WithTxOptions sets: where it comes from the server's
 // default_transaction_isolation instead, the default is 0, so pass this
@@ -288,7 +286,7 @@ func (c *config) init(opts []Option, inTx bool) error {
 		return err
 	}
 	if !c.serialSet && c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
-		c.serialRetries = DefaultSerializationRetries
+		c.serialRetries = serializationRetries
 	}
 	if c.logger == nil {
 		c.logger = slog.Default()

@@ -23,8 +23,8 @@ type RetryStrategy interface {
 
 // Defaults of ExponentialBackoff fields left zero.
 const (
-	DefaultBackoffMin = 1 * time.Millisecond
-	DefaultBackoffMax = 64 * time.Millisecond
+	backoffMin = 1 * time.Millisecond
+	backoffMax = 64 * time.Millisecond
 )
 
 // ExponentialBackoff sleeps for a random duration, uniformly distributed
@@ -32,8 +32,8 @@ const (
 // floor). Jitter matters here: when a lock is released, every waiter that
 // slept the same fixed time would wake together.
 //
-// A zero field takes its default: DefaultBackoffMin and DefaultBackoffMax.
-// The zero ExponentialBackoff is the strategy WithLock uses by default.
+// A zero Min is 1ms, and a zero Max 64ms. DefaultRetry sleeps as the zero
+// ExponentialBackoff does.
 type ExponentialBackoff struct {
 	Min time.Duration
 	Max time.Duration
@@ -42,10 +42,10 @@ type ExponentialBackoff struct {
 func (e ExponentialBackoff) bounds() (lo, hi time.Duration) {
 	lo, hi = e.Min, e.Max
 	if lo == 0 {
-		lo = DefaultBackoffMin
+		lo = backoffMin
 	}
 	if hi == 0 {
-		hi = max(DefaultBackoffMax, lo)
+		hi = max(backoffMax, lo)
 	}
 	return lo, hi
 }

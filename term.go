@@ -36,7 +36,7 @@ func WithTermFencer(f Fencer) Option {
 func asTerm(c *config) {
 	c.term = true
 	c.timeout = 1<<63 - 1 // a campaign lasts until elected, or until ctx ends
-	c.retry = ExponentialBackoff{Min: DefaultCampaignBackoffMin, Max: DefaultCampaignBackoffMax}
+	c.retry = ExponentialBackoff{Min: campaignBackoffMin, Max: campaignBackoffMax}
 }
 
 // Term is a term of a lock: the advisory lock of one key, held by one
@@ -133,8 +133,8 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // The campaign is WithLock's wait: each attempt begins a transaction and
 // runs one statement; a busy attempt rolls back at once, so a candidate
 // holds no connection between attempts, and sleeps as WithRetry says
-// (ExponentialBackoff{Min: DefaultCampaignBackoffMin, Max:
-// DefaultCampaignBackoffMax} by default). Candidates of this process on the
+// (ExponentialBackoff{Min: 10 * time.Millisecond, Max: 500 *
+// time.Millisecond} by default). Candidates of this process on the
 // same db and key queue locally, in FIFO order, and the turn passes to the
 // next one when a term ends. The campaign lasts until the lock is granted or
 // ctx ends, unless WithTimeout bounds it (ErrLockTimeout). It ends, too, at

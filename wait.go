@@ -75,57 +75,31 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // that wait for the same keys (see queue.go), and attempts only while it
 // has the turn. Every attempt and every sleep ends by the deadline: then, or
 // when ctx ends, the result is what waitEnded says (a *LockTimeoutError, or
-// a *CanceledError for a cancelled ctx). The wait's events are emitted
-// here: WaitStarted, then one for each busy attempt, then one for its end.
+// a *CanceledError for a cancelled ctx). Its events are WaitStarted, one
+// for each busy attempt, and one for its end (exit and ended).
 func (c *config) wait(ctx context.Context, mode waitMode, lock *Lock, a attempter, t *ticket) error {
-	w := waiter{c: c, mode: mode, lock: lock, a: a, t: t, start: c.clock.now(), headWindow: c.headWindow && mode == polling}
+	w := &waiter{c: c, mode: mode, lock: lock, a: a, t: t, start: c.clock.now(), headWindow: c.headWindow && mode == polling}
 	defer w.wc.stop()
 	w.event(WaitStarted, nil)
-	kind, err := w.run(ctx)
-	w.event(kind, err)
-	return err
-}
-
-// waiter is one wait's state. The wait owns it; config, what the options
-// said, does not change during the wait.
-type waiter struct {
-	c     *config
-	mode  waitMode
-	lock  *Lock
-	a     attempter
-	t     *ticket // the call's place in its local queue, or nil
-	start time.Time
-	b     bound   // the next attempt's
-	wc    waitCtx // b.waitCtx, once needed
-	// headWindow: the default's one window as the queue's head
-	// (config.headWindow) is the call's to make; a server that refuses it
-	// is polled for the rest of the wait. headWaited: it was made.
-	headWindow, headWaited bool
-}
-
-// run makes the attempts, and returns the kind of the wait's last event
-// and the wait's result.
-func (w *waiter) run(ctx context.Context) (EventKind, error) {
-	lock, t := w.lock, w.t
 	if err := ctx.Err(); err != nil {
-		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
+		if mode == tryOnce && !errors.Is(err, context.Canceled) {
 			return w.exit(Failed, fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
 		}
 		return w.ended(ctx)
 	}
-	w.b = bound{deadline: w.start.Add(w.c.timeout)}
+	w.b = bound{deadline: w.start.Add(c.timeout)}
 	// A ServerWait call queues before its first attempt, which may wait in
 	// the server: only the queue's head should. A polling call does so only
 	// if others are queued already, so as not to overtake them, or, with
 	// the default strategy, if its lock was busy recently: its first
 	// attempt can then be its window in the server.
-	if t != nil && (w.mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
+	if t != nil && (mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
 		return w.ended(ctx)
 	}
 	for {
 		w.b.window = w.window()
-		out, err := w.a.attempt(ctx, w.b)
-		if err != nil && w.b.window > 0 && w.mode == polling && isIsolationError(err) {
+		out, err := a.attempt(ctx, w.b)
+		if err != nil && w.b.window > 0 && mode == polling && isIsolationError(err) {
 			// The server's default isolation is above ReadCommitted: the
 			// window was refused before it waited. Poll instead.
 			w.headWindow = false
@@ -154,15 +128,32 @@ func (w *waiter) run(ctx context.Context) (EventKind, error) {
 		}
 		w.event(Busy, nil)
 		if w.headWindow && t != nil {
-			t.markBusy(w.c.clock.now())
+			t.markBusy(c.clock.now())
 		}
-		if w.mode == tryOnce {
+		if mode == tryOnce {
 			return w.exit(Skipped, errBusy)
 		}
 		if !w.pause(ctx) {
 			return w.ended(ctx)
 		}
 	}
+}
+
+// waiter is one wait's state. The wait owns it; config, what the options
+// said, does not change during the wait.
+type waiter struct {
+	c     *config
+	mode  waitMode
+	lock  *Lock
+	a     attempter
+	t     *ticket // the call's place in its local queue, or nil
+	start time.Time
+	b     bound   // the next attempt's
+	wc    waitCtx // b.waitCtx, once needed
+	// headWindow: the default's one window as the queue's head
+	// (config.headWindow) is the call's to make; a server that refuses it
+	// is polled for the rest of the wait. headWaited: it was made.
+	headWindow, headWaited bool
 }
 
 // window is how long the next attempt may wait in the server's lock queue:
@@ -249,16 +240,19 @@ func (w *waiter) enter(ctx context.Context) bool {
 	return true
 }
 
-// exit ends the wait with kind and err.
-func (w *waiter) exit(kind EventKind, err error) (EventKind, error) {
+// exit ends the wait with err, and reports its end as an event of kind.
+func (w *waiter) exit(kind EventKind, err error) error {
 	w.lock.Waited = w.c.clock.now().Sub(w.start)
-	return kind, err
+	w.event(kind, err)
+	return err
 }
 
 // ended ends the wait at its deadline, or with ctx: see waitEnded.
-func (w *waiter) ended(ctx context.Context) (EventKind, error) {
+func (w *waiter) ended(ctx context.Context) error {
 	w.lock.Waited = w.c.clock.now().Sub(w.start)
-	return waitEnded(ctx, w.lock.Keys, w.lock.Attempts, w.lock.Waited)
+	kind, err := waitEnded(ctx, w.lock.Keys, w.lock.Attempts, w.lock.Waited)
+	w.event(kind, err)
+	return err
 }
 
 // event reports an event of the wait, if the call has an Observer.
