@@ -28,7 +28,8 @@
 // between processes in the server's order. Behind PgBouncer that wait
 // holds a server connection: with more processes contending for one key
 // than PgBouncer's pool has connections, their windows can take the whole
-// pool for up to 200ms, and WithRetry, which polls only, is the choice.
+// pool for up to 200ms, and WithRetry(ExponentialBackoff{}), which polls
+// only, is the choice.
 // WithServerWait has every attempt wait in PostgreSQL's lock queue, for a
 // bounded window: fair between processes, at the cost of a connection while
 // it waits (see ServerWait).

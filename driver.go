@@ -3,6 +3,7 @@ package txlock
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 
 	"github.com/txlock/txlock/driver"
@@ -75,7 +76,7 @@ type driverAcquirer struct {
 var _ acquirer = (*driverAcquirer)(nil)
 
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
-	at := driver.Attempt{Begin: d.begin, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
+	at := driver.Request{Begin: d.begin, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
 	if b.window > 0 {
 		at.Window, at.Stmt = b.window, waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
 	} else {
@@ -85,16 +86,22 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	if err != nil {
 		return busy, err
 	}
+	tx := r.Tx
 	out := granted
 	switch {
 	case r.Err != nil:
+		if tx != nil { // the contract says it has none; end it anyway
+			_ = tx.Rollback()
+			tx.Close()
+		}
 		// Every error of a statement in a transaction of the call's own,
 		// a window's end and a deadlock among them.
 		return classifyOwn(r.Err)
+	case tx == nil:
+		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
 	case b.window > 0:
 		out, err = rowsOutcome(r.Rows)
 	}
-	tx := r.Tx
 	if out == granted && err == nil && ctx.Err() != nil {
 		// ctx ended as the lock was granted: fn must not start.
 		out, err = busy, ctx.Err()
@@ -132,8 +139,21 @@ func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error 
 // sessionOf makes tx the session that st's fencing tokens use, if it is
 // one.
 func (d *driverAcquirer) sessionOf(st *lockState, tx driver.Tx) {
-	st.sess, _ = tx.(driver.Session)
+	if s, ok := tx.(driver.Session); ok {
+		st.sess = s
+	} else {
+		st.sess = noSession{}
+	}
 }
+
+// noSession is the session of a driver's transaction that is no
+// driver.Session: it draws no fencing token.
+type noSession struct{}
+
+func (noSession) DrawRow(context.Context, string, ...any) error { return errNoSession }
+func (noSession) LockRow(context.Context, string, ...any) error { return errNoSession }
+
+var errNoSession = fmt.Errorf("%w: the driver's transaction is no driver.Session, which fencing tokens need", ErrNoToken)
 
 func (d *driverAcquirer) pooled() bool { return d.a.Pool() != driver.PoolKey{} }
 
@@ -146,6 +166,9 @@ func (d *driverAcquirer) drawPool() (any, func(context.Context) (drawConn, error
 	open, err := p.OpenDraw()
 	if err != nil {
 		return nil, nil, err
+	}
+	if d.a.Pool() == (driver.PoolKey{}) {
+		return nil, nil, fmt.Errorf("%w: WithFencing sets a connection of a pool aside for fencing tokens, and the driver was given one session", ErrInvalidArgument)
 	}
 	return d.a.Pool(), func(ctx context.Context) (drawConn, error) {
 		c, err := open(ctx)

@@ -3,6 +3,7 @@ package txlock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,11 +18,11 @@ import (
 // records what the lock loop did with each transaction.
 type fakeDriver struct {
 	results []driver.Result
-	sent    []driver.Attempt
+	sent    []driver.Request
 	log     []string
 }
 
-func (d *fakeDriver) Attempt(_ context.Context, a driver.Attempt) (driver.Result, error) {
+func (d *fakeDriver) Attempt(_ context.Context, a driver.Request) (driver.Result, error) {
 	d.sent = append(d.sent, a)
 	if len(d.results) == 0 {
 		return driver.Result{}, errors.New("fake: no more results")
@@ -42,14 +43,23 @@ func (d *fakeDriver) IdleConn() bool       { return false }
 func (d *fakeDriver) tx(name string) driver.Tx { return &fakeTx{d: d, name: name} }
 
 type fakeTx struct {
-	d    *fakeDriver
-	name string
+	d         *fakeDriver
+	name      string
+	fn        func(ctx context.Context) error // what fn does, if not nil
+	commitErr error
 }
 
-func (t *fakeTx) Fn(context.Context) error { t.d.log = append(t.d.log, t.name+" fn"); return nil }
+func (t *fakeTx) Fn(ctx context.Context) error {
+	t.d.log = append(t.d.log, t.name+" fn")
+	if t.fn != nil {
+		return t.fn(ctx)
+	}
+	return nil
+}
+
 func (t *fakeTx) Commit(context.Context) error {
 	t.d.log = append(t.d.log, t.name+" commit")
-	return nil
+	return t.commitErr
 }
 func (t *fakeTx) Rollback() error { t.d.log = append(t.d.log, t.name+" rollback"); return nil }
 func (t *fakeTx) Close()          { t.d.log = append(t.d.log, t.name+" close") }
@@ -123,4 +133,72 @@ func TestDriverBadInput(t *testing.T) {
 	} {
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, name)
 	}
+}
+
+// fakeDrawer is a fakeDriver that says it can set draw connections aside,
+// on the pool of its key.
+type fakeDrawer struct {
+	fakeDriver
+	pool driver.PoolKey
+}
+
+func (d *fakeDrawer) Pool() driver.PoolKey { return d.pool }
+func (d *fakeDrawer) OpenDraw() (func(context.Context) (driver.DrawConn, error), error) {
+	return func(context.Context) (driver.DrawConn, error) { return nil, errors.New("fake: no draws") }, nil
+}
+
+// What a driver leaves out, or gets wrong, the lock loop reports as an
+// error, and never as a panic or a lock: a transaction that is no Session
+// draws no token, WithFencing needs a pool, an attempt must return a
+// transaction or an error, and a transaction that comes with an error is
+// ended all the same.
+func TestDriverContractEdges(t *testing.T) {
+	ctx := context.Background()
+	keys := []txlock.Key{txlock.Int64Key(1)}
+
+	d := &fakeDriver{}
+	var tokenErr error
+	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "granted", fn: func(ctx context.Context) error {
+		_, tokenErr = txlock.FenceToken(ctx)
+		return nil
+	}}}}
+	_, err := txlock.DriverLock(ctx, d, keys, true)
+	require.NoError(t, err)
+	assert.ErrorIs(t, tokenErr, txlock.ErrNoToken, "a Tx that is no driver.Session")
+	assert.ErrorContains(t, tokenErr, "driver.Session")
+
+	_, err = txlock.DriverLock(ctx, &fakeDriver{}, keys, true, txlock.WithFencing())
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument, "WithFencing on a driver that is no Drawer")
+	_, err = txlock.DriverLock(ctx, &fakeDrawer{}, keys, true, txlock.WithFencing())
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument, "WithFencing on one session")
+	assert.ErrorContains(t, err, "one session")
+
+	d = &fakeDriver{results: []driver.Result{{}}}
+	_, err = txlock.DriverLock(ctx, d, keys, true)
+	assert.ErrorContains(t, err, "neither a transaction nor an error")
+
+	d = &fakeDriver{}
+	boom := errors.New("fake: statement failed")
+	d.results = []driver.Result{{Err: boom, Tx: d.tx("stray")}}
+	_, err = txlock.DriverLock(ctx, d, keys, true)
+	assert.ErrorIs(t, err, boom)
+	assert.Equal(t, []string{"stray rollback", "stray close"}, d.log)
+
+	d = &fakeDriver{}
+	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "failed", commitErr: fmt.Errorf("%w: fake", driver.ErrCommitRolledBack)}}}
+	_, err = txlock.DriverLock(ctx, d, keys, true)
+	assert.ErrorIs(t, err, txlock.ErrCommitFailed)
+	assert.ErrorContains(t, err, "COMMIT rolled it back")
+}
+
+// WithRetry(DefaultRetry) is no WithRetry: WithServerWait takes it.
+func TestDefaultRetryIsNoOption(t *testing.T) {
+	d := &fakeDriver{}
+	d.results = []driver.Result{{Tx: d.tx("granted"), Rows: 1}}
+	_, err := txlock.DriverLock(context.Background(), d, []txlock.Key{txlock.Int64Key(1)}, false,
+		txlock.WithRetry(txlock.DefaultRetry), txlock.WithServerWait(txlock.ServerWait{}))
+	require.NoError(t, err)
+	_, err = txlock.DriverLock(context.Background(), &fakeDriver{}, []txlock.Key{txlock.Int64Key(1)}, false,
+		txlock.WithRetry(txlock.ExponentialBackoff{}), txlock.WithServerWait(txlock.ServerWait{}))
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 }

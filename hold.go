@@ -70,6 +70,9 @@ func (h *holder) runFn(st *lockState, handOn func()) error {
 	st.Context = h.fnCtx
 	fnErr := h.tx.Fn(st)
 	done = true
+	// No fencing token starts once fn has returned; one under way
+	// finishes before the commit or rollback (the driver's Tx sees to it).
+	st.ended.Store(true)
 	if handOn != nil {
 		handOn()
 	}
@@ -97,9 +100,10 @@ func (h *holder) end(fnErr error) error {
 		return fnErr
 	}
 	if h.fnCtx.Err() != nil {
-		if err := h.tx.Rollback(); errors.Is(err, driver.ErrTxDone) {
-			return ErrFnEndedTx
-		}
+		// fn's context ended, the hold bound's or the caller's, and fn
+		// returned nil: that is the result, whether or not fn had also
+		// ended the transaction itself.
+		_ = h.tx.Rollback()
 		return h.ended()
 	}
 	err := h.tx.Commit(h.fnCtx)
@@ -109,7 +113,11 @@ func (h *holder) end(fnErr error) error {
 	case errors.Is(err, driver.ErrTxDone):
 		return ErrFnEndedTx
 	case errors.Is(err, driver.ErrRolledBack):
-		return h.ended()
+		// Not committed by txlock; the driver says why it cannot be sure
+		// of more.
+		return fmt.Errorf("%w (%w)", h.ended(), err)
+	case errors.Is(err, driver.ErrCommitRolledBack):
+		return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", ErrCommitFailed, err)
 	case h.fnCtx.Err() != nil:
 		// The context ended as COMMIT ran: the driver refused to commit,
 		// or cut the COMMIT off mid-flight.
@@ -161,13 +169,16 @@ func (t *sqlHeld) Commit(context.Context) error {
 	err := t.tx.Commit()
 	if errors.Is(err, sql.ErrTxDone) {
 		if t.txCtx.Err() != nil {
-			// database/sql rolled back as the context ended.
-			return driver.ErrRolledBack
+			// database/sql rolls back as the context ends; it does not
+			// say whether fn had ended the transaction first.
+			return errSQLRolledBack
 		}
 		return driver.ErrTxDone
 	}
 	return err
 }
+
+var errSQLRolledBack = fmt.Errorf("%w, unless fn had committed or rolled it back itself before, which database/sql does not tell apart", driver.ErrRolledBack)
 
 // Rollback implements driver.Tx.
 func (t *sqlHeld) Rollback() error {

@@ -100,7 +100,8 @@ func WithRetry(s RetryStrategy) Option {
 				c.fail("%s", strings.TrimPrefix(err.Error(), "txlock: "))
 			}
 		}
-		c.retry, c.retrySet = s, true
+		_, isDefault := s.(defaultRetry)
+		c.retry, c.retrySet = s, !isDefault
 	}
 }
 
@@ -264,7 +265,7 @@ func WithFencing() Option {
 // TryLockTx. c lives inside the call's own state, so that a call costs one
 // allocation fewer.
 func (c *config) init(opts []Option, inTx bool) error {
-	*c = config{timeout: DefaultTimeout, retry: DefaultRetry, clock: realClock{}, inTx: inTx}
+	*c = config{timeout: DefaultTimeout, retry: defaultRetry{}, clock: realClock{}, inTx: inTx}
 	for _, o := range opts {
 		if o == nil {
 			c.fail("nil Option")
@@ -302,7 +303,8 @@ func (c *config) init(opts []Option, inTx bool) error {
 			return fmt.Errorf("%w: ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", ErrInvalidArgument, c.txOpts.Isolation)
 		}
 	}
-	c.headWindow = c.retry == DefaultRetry && c.serverWait == nil && !inTx && !c.term &&
+	_, isDefault := c.retry.(defaultRetry)
+	c.headWindow = isDefault && c.serverWait == nil && !inTx && !c.term &&
 		(c.txOpts == nil || c.txOpts.Isolation < sql.LevelRepeatableRead)
 	return nil
 }

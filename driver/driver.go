@@ -21,16 +21,17 @@ import (
 	"unsafe"
 )
 
-// An Acquirer makes one call's attempts, on a pool or on one session.
+// An Acquirer makes one call's attempts, on a pool or on one session. An
+// Acquirer on a pool that is also a Drawer supports txlock.WithFencing.
 type Acquirer interface {
-	// Attempt makes one attempt within a: it begins a transaction and
-	// runs the lock statement in it (a.Query, or with a.Window, a.Begin
-	// then a.Stmt), and returns what the server answered. An error means
+	// Attempt makes one attempt within r: it begins a transaction and
+	// runs the lock statement in it (r.Query, or with r.Window, r.Begin
+	// then r.Stmt), and returns what the server answered. An error means
 	// the statement's answer never came (no connection, a failed BEGIN,
 	// the wait's context): the attempt has then let go of every connection
 	// it took, and left none in a transaction. An attempt must not outlast
-	// a.Deadline by more than it takes a server that answers to do so.
-	Attempt(ctx context.Context, a Attempt) (Result, error)
+	// r.Deadline by more than it takes a server that answers to do so.
+	Attempt(ctx context.Context, r Request) (Result, error)
 	// BeginUnlocked begins a transaction with the statement begin,
 	// without the lock (txlock.WithFailOpen).
 	BeginUnlocked(ctx context.Context, begin string) (Tx, error)
@@ -42,8 +43,8 @@ type Acquirer interface {
 	IdleConn() bool
 }
 
-// Attempt is what one attempt sends, and what bounds it.
-type Attempt struct {
+// Request is what one attempt sends, and what bounds it.
+type Request struct {
 	// Begin is the statement that begins the call's transaction (BEGIN,
 	// with the options of txlock.WithTxOptions).
 	Begin string
@@ -91,27 +92,33 @@ type Result struct {
 // A Tx is a transaction that fn runs in: the lock's, or WithFailOpen's.
 // The lock loop runs fn and ends the transaction by WithLock's commit
 // rules; a Tx only says how each step reaches the server. A Tx that is
-// also a Session is where fencing tokens are drawn.
+// also a Session is where fencing tokens are drawn; without one,
+// txlock.FenceToken fails with txlock.ErrNoToken.
 type Tx interface {
 	// Fn runs the call's fn with the transaction, and ctx as fn's context.
 	Fn(ctx context.Context) error
 	// Commit commits, under ctx. It returns an error matching ErrTxDone if
-	// fn had ended the transaction itself, and one matching ErrRolledBack
-	// if the driver rolled it back, without a COMMIT, as its context
-	// ended.
+	// fn had ended the transaction itself, one matching ErrRolledBack if
+	// the driver rolled it back, without a COMMIT, as its context ended,
+	// and one matching ErrCommitRolledBack if the server rolled it back
+	// (the transaction had failed).
 	Commit(ctx context.Context) error
 	// Rollback rolls back, with a bound of its own: an error matching
 	// ErrTxDone means fn had ended the transaction itself. A transaction
 	// the driver rolled back as its context ended is no error.
 	Rollback() error
-	// Close lets go of the transaction's connection, once it has ended.
+	// Close lets go of the transaction's connection. The lock loop calls
+	// it once, after Commit or Rollback, whatever they returned.
 	Close()
 }
 
-// The errors by which a Tx says how its transaction had ended.
+// The errors by which a Tx says how its transaction had ended, or how
+// COMMIT ended it. A driver that cannot tell ErrTxDone from ErrRolledBack
+// (database/sql cannot) says so in ErrRolledBack's text.
 var (
-	ErrTxDone     = errors.New("the transaction had already ended: fn ended it")
-	ErrRolledBack = errors.New("the transaction was rolled back as its context ended")
+	ErrTxDone           = errors.New("the transaction had already ended: fn ended it")
+	ErrRolledBack       = errors.New("the transaction was rolled back as its context ended")
+	ErrCommitRolledBack = errors.New("the server answered COMMIT with ROLLBACK")
 )
 
 // A PoolKey identifies a pool. Calls of one process that wait for the same
@@ -120,7 +127,12 @@ var (
 // is none: one session, which neither queues nor sets a connection aside.
 type PoolKey struct{ p unsafe.Pointer }
 
-// PoolKeyOf returns the key of the pool pool points to.
+// PoolKeyOf returns the key of the pool pool points to: the pool value
+// itself, whose connections the attempts take (a *pgxpool.Pool, say), and
+// not a field of it or a wrapper. Keys of one pointer are equal, and keys
+// of pointers to other values are not. A nil pool's key is the zero
+// PoolKey. (A PoolKey is one pointer, which an interface holds without an
+// allocation: the lock loop keys its queues by it on every call.)
 func PoolKeyOf[T any](pool *T) PoolKey { return PoolKey{unsafe.Pointer(pool)} }
 
 // A Drawer is an Acquirer on a pool in which a call can set a connection
@@ -150,7 +162,8 @@ type Session interface {
 }
 
 // An Execer runs a statement in a caller's transaction (txlock.DriverLockTx)
-// and returns its row count.
+// and returns its row count, which for the lock's statements, SELECTs, is
+// the number of rows they returned.
 type Execer interface {
 	ExecRows(ctx context.Context, stmt string) (int64, error)
 }

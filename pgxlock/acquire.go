@@ -41,7 +41,7 @@ const rollbackTimeout = 5 * time.Second
 // the wait has none yet, with a context that ends at its deadline. The
 // attempt's statements run under ctx, with a deadline on the connection
 // itself (see deadline and stallGrace). fn runs under ctx.
-func (a *acquirer) Attempt(ctx context.Context, b driver.Attempt) (driver.Result, error) {
+func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result, error) {
 	actx := b.WaitCtx
 	if actx == nil {
 		actx = ctx
@@ -116,7 +116,7 @@ const stallGrace = time.Second
 
 // window makes a ServerWait attempt: BEGIN, then the statement that waits
 // in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Attempt) (driver.Result, error) {
+func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Request) (driver.Result, error) {
 	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Begin})
 	if err != nil {
@@ -257,7 +257,7 @@ func (h *heldTx) Commit(ctx context.Context) error {
 	case errors.Is(err, pgx.ErrTxClosed):
 		return driver.ErrTxDone
 	case errors.Is(err, pgx.ErrTxCommitRollback):
-		return fmt.Errorf("the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", err)
+		return fmt.Errorf("%w: %w", driver.ErrCommitRolledBack, err)
 	}
 	return err
 }
@@ -282,8 +282,9 @@ func (h *heldTx) Close() {
 }
 
 // close ends the session's use of tx, once a confirmation under way has
-// finished: once fn has returned, its context is done with the
-// connection, and no token starts on it after.
+// finished, before the commit or rollback: fn has returned (from then on
+// the lock loop starts no token), and a token that a goroutine of fn was
+// confirming on the connection finishes first.
 func (h *heldTx) close() {
 	h.mu.Lock()
 	h.closed = true

@@ -98,8 +98,15 @@ keep_downloads() {
 	rm -rf "$run_cache/cache/download/$library"
 	chmod -R u+w "$host_cache/$library"@* 2>/dev/null || true
 	rm -rf "$host_cache/cache/download/$library" "$host_cache/$library"@*
-	mkdir -p "$host_cache/cache/download"
-	cp -Rn "$run_cache/cache/download/." "$host_cache/cache/download/"
+	# File by file, and only what is missing: the cache's files are
+	# read-only, and cp -n's exit status differs between versions.
+	local f
+	(cd "$run_cache/cache/download" && find . -type f) | while read -r f; do
+		if [ ! -e "$host_cache/cache/download/$f" ]; then
+			mkdir -p "$(dirname "$host_cache/cache/download/$f")"
+			cp "$run_cache/cache/download/$f" "$host_cache/cache/download/$f"
+		fi
+	done
 }
 
 # consumer builds a fresh module outside the repository that requires module

@@ -81,7 +81,7 @@ func recorded(stmt string, err error) string {
 // attemptRecorder is a driver whose attempts record their query.
 type attemptRecorder struct{ query string }
 
-func (r *attemptRecorder) Attempt(_ context.Context, a driver.Attempt) (driver.Result, error) {
+func (r *attemptRecorder) Attempt(_ context.Context, a driver.Request) (driver.Result, error) {
 	r.query = a.Query
 	return driver.Result{}, errRecorded
 }
