@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // DefaultFenceSchema and DefaultFenceSequence name the sequence a zero
@@ -65,6 +67,52 @@ var (
 	_ Querier = (*sql.Conn)(nil)
 )
 
+var errNilQuerier = fmt.Errorf("%w: fenced write: q is nil", ErrInvalidArgument)
+
+// sqlQuerier is a Querier as a driver.Querier.
+type sqlQuerier struct{ q Querier }
+
+func (s sqlQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	return s.q.QueryRowContext(ctx, query, args...).Scan(dest...)
+}
+
+// On returns ft's writes on q, a connection or transaction of a database
+// library other than database/sql, through its driver (package driver):
+// pgxlock.Querier adapts pgx's. They are ft's own Update, Delete and
+// Upsert, with the same statements, rules and errors.
+func (ft FencedTable) On(q driver.Querier) FencedWrites { return FencedWrites{ft: ft, q: q} }
+
+// FencedWrites are a FencedTable's writes on a driver's Querier: see
+// FencedTable.On.
+type FencedWrites struct {
+	ft FencedTable
+	q  driver.Querier
+}
+
+// Update is FencedTable.Update on the Querier.
+func (w FencedWrites) Update(ctx context.Context, token int64, set, where []Col) (int64, error) {
+	if isNil(w.q) {
+		return 0, errNilQuerier
+	}
+	return w.ft.update(ctx, w.q, token, set, where)
+}
+
+// Delete is FencedTable.Delete on the Querier.
+func (w FencedWrites) Delete(ctx context.Context, token int64, where []Col) (int64, error) {
+	if isNil(w.q) {
+		return 0, errNilQuerier
+	}
+	return w.ft.delete(ctx, w.q, token, where)
+}
+
+// Upsert is FencedTable.Upsert on the Querier.
+func (w FencedWrites) Upsert(ctx context.Context, token int64, key, set []Col) error {
+	if isNil(w.q) {
+		return errNilQuerier
+	}
+	return w.ft.upsert(ctx, w.q, token, key, set)
+}
+
 // Col is a column name and a value for it. Values are always sent as bind
 // parameters; names are quoted as identifiers.
 type Col struct {
@@ -98,7 +146,14 @@ type FencedTable struct {
 // of rows written. If none was written, the error is a *StaleTokenError when
 // matching rows hold a larger token, and ErrRowNotFound when no row matches.
 func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, where []Col) (int64, error) {
-	t, err := ft.prepare(q, token, set, where, true)
+	if isNil(q) {
+		return 0, errNilQuerier
+	}
+	return ft.update(ctx, sqlQuerier{q}, token, set, where)
+}
+
+func (ft FencedTable) update(ctx context.Context, q driver.Querier, token int64, set, where []Col) (int64, error) {
+	t, err := ft.prepare(token, set, where, true)
 	if err != nil {
 		return 0, err
 	}
@@ -121,7 +176,14 @@ func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, w
 // Delete deletes the rows whose columns equal those of where and whose token
 // is at most token. It reports refused and missing rows as Update does.
 func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where []Col) (int64, error) {
-	t, err := ft.prepare(q, token, nil, where, false)
+	if isNil(q) {
+		return 0, errNilQuerier
+	}
+	return ft.delete(ctx, sqlQuerier{q}, token, where)
+}
+
+func (ft FencedTable) delete(ctx context.Context, q driver.Querier, token int64, where []Col) (int64, error) {
+	t, err := ft.prepare(token, nil, where, false)
 	if err != nil {
 		return 0, err
 	}
@@ -141,7 +203,14 @@ func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where 
 //	ON CONFLICT (key…) DO UPDATE SET set… = EXCLUDED.…, fence_token = EXCLUDED.fence_token
 //	WHERE t.fence_token IS NULL OR t.fence_token OPERATOR(pg_catalog.<=) EXCLUDED.fence_token
 func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, set []Col) error {
-	t, err := ft.prepare(q, token, set, key, false)
+	if isNil(q) {
+		return errNilQuerier
+	}
+	return ft.upsert(ctx, sqlQuerier{q}, token, key, set)
+}
+
+func (ft FencedTable) upsert(ctx context.Context, q driver.Querier, token int64, key, set []Col) error {
+	t, err := ft.prepare(token, set, key, false)
 	if err != nil {
 		return err
 	}
@@ -178,10 +247,7 @@ type fencedStmt struct {
 	obs          Observer
 }
 
-func (ft FencedTable) prepare(q Querier, token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
-	if isNil(q) {
-		return nil, fmt.Errorf("%w: fenced write: q is nil", ErrInvalidArgument)
-	}
+func (ft FencedTable) prepare(token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
 	if token <= 0 {
 		return nil, fmt.Errorf("%w: fenced write: token must be positive, got %d", ErrInvalidArgument, token)
 	}
@@ -251,10 +317,10 @@ func (t *fencedStmt) outcome(match string) string {
 
 // exec executes a fenced write whose statement returns (written, matched,
 // max token) and turns that into the result.
-func (t *fencedStmt) exec(ctx context.Context, q Querier, stmt string, args []any, token int64) (int64, error) {
+func (t *fencedStmt) exec(ctx context.Context, q driver.Querier, stmt string, args []any, token int64) (int64, error) {
 	var written, matched int64
 	var current sql.NullInt64
-	if err := q.QueryRowContext(ctx, stmt, args...).Scan(&written, &matched, &current); err != nil {
+	if err := q.QueryRow(ctx, stmt, args, &written, &matched, &current); err != nil {
 		return 0, fmt.Errorf("txlock: fenced write on %s: %w", t.table, err)
 	}
 	switch {

@@ -167,3 +167,10 @@ type Session interface {
 type Execer interface {
 	ExecRows(ctx context.Context, stmt string) (int64, error)
 }
+
+// A Querier runs a statement with args and scans its one row into dest:
+// where fenced writes run (txlock.FencedTable.On), on a connection or
+// transaction of the driver's library.
+type Querier interface {
+	QueryRow(ctx context.Context, query string, args []any, dest ...any) error
+}

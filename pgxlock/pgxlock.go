@@ -37,9 +37,11 @@
 // deadline is answered an instant after it, on a connection still usable,
 // while a connection whose server does not answer is closed then.
 //
-// fn's context carries the lock for txlock.FenceToken. A pgx connection
-// serves one statement at a time: a goroutine of fn may draw a token while
-// fn waits, but fn must not run statements on tx while it does.
+// fn's context carries the lock for txlock.FenceToken, and fenced writes
+// run on pgx through Querier: txlock.FencedTable.On(pgxlock.Querier(tx)).
+// New returns a Locker, a pool and the options its calls share. A pgx
+// connection serves one statement at a time: a goroutine of fn may draw a
+// token while fn waits, but fn must not run statements on tx while it does.
 //
 // Unlike database/sql, pgx does not roll a transaction back when its
 // context ends. When fn's context ends (the caller's context, or the hold

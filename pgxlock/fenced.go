@@ -1,0 +1,40 @@
+package pgxlock
+
+import (
+	"context"
+	"reflect"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/txlock/txlock/driver"
+)
+
+// RowQuerier is what a fenced write needs of pgx: pgx.Tx, *pgxpool.Pool,
+// *pgxpool.Conn and *pgx.Conn all have it.
+type RowQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Querier adapts q for txlock's fenced writes:
+//
+//	n, err := ft.On(pgxlock.Querier(tx)).Update(ctx, token, set, where)
+//
+// The write's statement takes arguments, so it runs in q's exec mode: behind
+// PgBouncer 1.18 in transaction mode, one that prepares nothing (exec,
+// simple_protocol), as for the application's own queries. A nil q gives a
+// nil Querier, which the writes refuse with txlock.ErrInvalidArgument.
+func Querier(q RowQuerier) driver.Querier {
+	if q == nil {
+		return nil
+	}
+	if v := reflect.ValueOf(q); v.Kind() == reflect.Pointer && v.IsNil() {
+		return nil
+	}
+	return querier{q}
+}
+
+type querier struct{ q RowQuerier }
+
+func (q querier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	return q.q.QueryRow(ctx, query, args...).Scan(dest...)
+}
