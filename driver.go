@@ -90,14 +90,14 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	out := granted
 	switch {
 	case r.Err != nil:
-		if tx != nil { // the contract says it has none; end it anyway
+		if !isNil(tx) { // the contract says it has none; end it anyway
 			_ = tx.Rollback()
 			tx.Close()
 		}
 		// Every error of a statement in a transaction of the call's own,
 		// a window's end and a deadlock among them.
 		return classifyOwn(r.Err)
-	case tx == nil:
+	case isNil(tx):
 		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
 	case b.window > 0:
 		out, err = rowsOutcome(r.Rows)

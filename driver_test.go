@@ -43,10 +43,11 @@ func (d *fakeDriver) IdleConn() bool       { return false }
 func (d *fakeDriver) tx(name string) driver.Tx { return &fakeTx{d: d, name: name} }
 
 type fakeTx struct {
-	d         *fakeDriver
-	name      string
-	fn        func(ctx context.Context) error // what fn does, if not nil
-	commitErr error
+	d           *fakeDriver
+	name        string
+	fn          func(ctx context.Context) error // what fn does, if not nil
+	commitErr   error
+	rollbackErr error
 }
 
 func (t *fakeTx) Fn(ctx context.Context) error {
@@ -61,8 +62,11 @@ func (t *fakeTx) Commit(context.Context) error {
 	t.d.log = append(t.d.log, t.name+" commit")
 	return t.commitErr
 }
-func (t *fakeTx) Rollback() error { t.d.log = append(t.d.log, t.name+" rollback"); return nil }
-func (t *fakeTx) Close()          { t.d.log = append(t.d.log, t.name+" close") }
+func (t *fakeTx) Rollback() error {
+	t.d.log = append(t.d.log, t.name+" rollback")
+	return t.rollbackErr
+}
+func (t *fakeTx) Close() { t.d.log = append(t.d.log, t.name+" close") }
 
 // The lock loop, not the driver, decides what a driver's answer means: a
 // window's rows (0 busy, 1 granted, 2 a server in recovery), and ends each
@@ -198,7 +202,27 @@ func TestDefaultRetryIsNoOption(t *testing.T) {
 	_, err := txlock.DriverLock(context.Background(), d, []txlock.Key{txlock.Int64Key(1)}, false,
 		txlock.WithRetry(txlock.DefaultRetry), txlock.WithServerWait(txlock.ServerWait{}))
 	require.NoError(t, err)
+	require.Len(t, d.sent, 1)
+	assert.Positive(t, d.sent[0].Window, "the attempt was a ServerWait window")
 	_, err = txlock.DriverLock(context.Background(), &fakeDriver{}, []txlock.Key{txlock.Int64Key(1)}, false,
 		txlock.WithRetry(txlock.ExponentialBackoff{}), txlock.WithServerWait(txlock.ServerWait{}))
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
+
+// A fn that ended the transaction itself (it may have committed) and
+// returned nil after its context ended gets both facts: the context's end,
+// and ErrFnEndedTx; never a plain "rolled back".
+func TestDriverFnEndedTxAfterItsContext(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := &fakeDriver{}
+	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "granted", rollbackErr: driver.ErrTxDone, fn: func(context.Context) error {
+		cancel() // the caller's context ends while fn runs
+		return nil
+	}}}}
+	_, err := txlock.DriverLock(ctx, d, []txlock.Key{txlock.Int64Key(1)}, true)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorIs(t, err, txlock.ErrFnEndedTx)
+	assert.NotContains(t, err.Error(), "rolled back")
+	assert.Equal(t, []string{"granted fn", "granted rollback", "granted close"}, d.log)
 }

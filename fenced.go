@@ -78,7 +78,7 @@ func (s sqlQuerier) QueryRow(ctx context.Context, query string, args []any, dest
 
 // On returns ft's writes on q, a connection or transaction of a database
 // library other than database/sql, through its driver (package driver):
-// pgxlock.Querier adapts pgx's. They are ft's own Update, Delete and
+// pgxlock.QuerierOf adapts pgx's. They are ft's own Update, Delete and
 // Upsert, with the same statements, rules and errors.
 func (ft FencedTable) On(q driver.Querier) FencedWrites { return FencedWrites{ft: ft, q: q} }
 

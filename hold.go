@@ -64,6 +64,7 @@ func (h *holder) runFn(st *lockState, handOn func()) error {
 	done := false
 	defer func() {
 		if !done { // fn panicked: roll back, and let the panic continue.
+			st.ended.Store(true)
 			_ = h.tx.Rollback()
 		}
 	}()
@@ -101,9 +102,15 @@ func (h *holder) end(fnErr error) error {
 	}
 	if h.fnCtx.Err() != nil {
 		// fn's context ended, the hold bound's or the caller's, and fn
-		// returned nil: that is the result, whether or not fn had also
-		// ended the transaction itself.
-		_ = h.tx.Rollback()
+		// returned nil: that is the result. If fn had ended the
+		// transaction itself, that is part of it, for fn may have
+		// committed; and a driver that cannot tell says so.
+		switch err := h.tx.Rollback(); {
+		case errors.Is(err, driver.ErrTxDone):
+			return errors.Join(fmt.Errorf("txlock: fn's context ended: %w", context.Cause(h.fnCtx)), ErrFnEndedTx)
+		case errors.Is(err, driver.ErrRolledBack):
+			return fmt.Errorf("%w (%w)", h.ended(), err)
+		}
 		return h.ended()
 	}
 	err := h.tx.Commit(h.fnCtx)
@@ -185,7 +192,7 @@ func (t *sqlHeld) Rollback() error {
 	err := t.tx.Rollback()
 	if errors.Is(err, sql.ErrTxDone) {
 		if t.txCtx.Err() != nil {
-			return nil // database/sql rolled back as the context ended
+			return errSQLRolledBack
 		}
 		return driver.ErrTxDone
 	}

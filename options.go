@@ -87,8 +87,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithRetry sets how long to sleep between polling attempts. Every strategy
 // but DefaultRetry, the one used without WithRetry, polls only. Waiters hold
-// no connection while they sleep. It cannot be combined with
-// WithServerWait, which waits in the server instead of sleeping.
+// no connection while they sleep. A strategy other than DefaultRetry cannot
+// be combined with WithServerWait, which waits in the server instead of
+// sleeping.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {

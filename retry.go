@@ -202,8 +202,8 @@ func (s ServerWait) window() time.Duration {
 // has an idle connection and the transaction is ReadCommitted: what makes
 // the default fair between processes (see the package documentation's
 // "Local queues"). To poll only, pass WithRetry(ExponentialBackoff{}), or
-// any other strategy. (The library knows it by its type, so assigning to
-// the variable changes nothing.)
+// any other strategy. (A call without WithRetry uses the default whatever
+// the variable holds: the library knows the default by its type.)
 var DefaultRetry RetryStrategy = defaultRetry{}
 
 type defaultRetry struct{ ExponentialBackoff }

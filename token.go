@@ -77,6 +77,9 @@ func (f Fencer) Token(ctx context.Context) (int64, error) {
 	case st.ended.Load():
 		return 0, fmt.Errorf("%w: fn has returned, and its lock with it", ErrNoToken)
 	}
+	if _, ok := st.sess.(noSession); ok {
+		return 0, errNoSession
+	}
 	seq, err := f.sequence()
 	if err != nil {
 		return 0, err

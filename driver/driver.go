@@ -104,8 +104,10 @@ type Tx interface {
 	// (the transaction had failed).
 	Commit(ctx context.Context) error
 	// Rollback rolls back, with a bound of its own: an error matching
-	// ErrTxDone means fn had ended the transaction itself. A transaction
-	// the driver rolled back as its context ended is no error.
+	// ErrTxDone means fn had ended the transaction itself, and one
+	// matching ErrRolledBack that the driver had rolled it back as its
+	// context ended (which a driver that cannot tell the two apart says
+	// in the error's text).
 	Rollback() error
 	// Close lets go of the transaction's connection. The lock loop calls
 	// it once, after Commit or Rollback, whatever they returned.
@@ -127,11 +129,10 @@ var (
 // is none: one session, which neither queues nor sets a connection aside.
 type PoolKey struct{ p unsafe.Pointer }
 
-// PoolKeyOf returns the key of the pool pool points to: the pool value
-// itself, whose connections the attempts take (a *pgxpool.Pool, say), and
-// not a field of it or a wrapper. Keys of one pointer are equal, and keys
-// of pointers to other values are not. A nil pool's key is the zero
-// PoolKey. (A PoolKey is one pointer, which an interface holds without an
+// PoolKeyOf returns the key of the pool pool points to: pass the pool
+// value itself, whose connections the attempts take (a *pgxpool.Pool,
+// say), and not a field of it or a wrapper. Keys of one pointer are equal.
+// A nil pool's key is the zero PoolKey. (A PoolKey is one pointer, which an interface holds without an
 // allocation: the lock loop keys its queues by it on every call.)
 func PoolKeyOf[T any](pool *T) PoolKey { return PoolKey{unsafe.Pointer(pool)} }
 

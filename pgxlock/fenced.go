@@ -15,15 +15,15 @@ type RowQuerier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-// Querier adapts q for txlock's fenced writes:
+// QuerierOf adapts q for txlock's fenced writes:
 //
-//	n, err := ft.On(pgxlock.Querier(tx)).Update(ctx, token, set, where)
+//	n, err := ft.On(pgxlock.QuerierOf(tx)).Update(ctx, token, set, where)
 //
 // The write's statement takes arguments, so it runs in q's exec mode: behind
 // PgBouncer 1.18 in transaction mode, one that prepares nothing (exec,
 // simple_protocol), as for the application's own queries. A nil q gives a
 // nil Querier, which the writes refuse with txlock.ErrInvalidArgument.
-func Querier(q RowQuerier) driver.Querier {
+func QuerierOf(q RowQuerier) driver.Querier {
 	if q == nil {
 		return nil
 	}

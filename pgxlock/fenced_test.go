@@ -37,7 +37,7 @@ func TestFencedWrites(t *testing.T) {
 				INSERT INTO ` + name + ` (sku, qty) VALUES ('SKU-1001', 50)`)
 			require.NoError(t, err)
 			t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + name) })
-			w := txlock.FencedTable{Name: name}.On(pgxlock.Querier(pool))
+			w := txlock.FencedTable{Name: name}.On(pgxlock.QuerierOf(pool))
 			sku := func(s string) []txlock.Col { return []txlock.Col{{Name: "sku", Value: s}} }
 			qty := func(n int) []txlock.Col { return []txlock.Col{{Name: "qty", Value: n}} }
 
@@ -64,7 +64,7 @@ func TestFencedWrites(t *testing.T) {
 			// its rollback.
 			tx, err := pool.Begin(ctx)
 			require.NoError(t, err)
-			_, err = txlock.FencedTable{Name: name}.On(pgxlock.Querier(tx)).Update(ctx, 9, qty(1), sku("SKU-1001"))
+			_, err = txlock.FencedTable{Name: name}.On(pgxlock.QuerierOf(tx)).Update(ctx, 9, qty(1), sku("SKU-1001"))
 			require.NoError(t, err)
 			require.NoError(t, tx.Rollback(ctx))
 			var q int
@@ -88,7 +88,7 @@ func TestFencedWriteInLock(t *testing.T) {
 		INSERT INTO ` + name + ` (sku, qty) VALUES ('SKU-1001', 50)`)
 	require.NoError(t, err)
 	t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + name) })
-	w := txlock.FencedTable{Name: name}.On(pgxlock.Querier(pool))
+	w := txlock.FencedTable{Name: name}.On(pgxlock.QuerierOf(pool))
 	sku := []txlock.Col{{Name: "sku", Value: "SKU-1001"}}
 	var mu sync.Mutex
 	var kinds []txlock.EventKind
@@ -133,7 +133,7 @@ func TestFencedWritesNilQuerier(t *testing.T) {
 	var pool *pgxpool.Pool
 	var tx pgx.Tx
 	for _, q := range []pgxlock.RowQuerier{pool, tx} {
-		_, err := txlock.FencedTable{Name: "stock"}.On(pgxlock.Querier(q)).Update(context.Background(), 1, []txlock.Col{{Name: "qty", Value: 1}}, []txlock.Col{{Name: "sku", Value: "x"}})
+		_, err := txlock.FencedTable{Name: "stock"}.On(pgxlock.QuerierOf(q)).Update(context.Background(), 1, []txlock.Col{{Name: "qty", Value: 1}}, []txlock.Col{{Name: "sku", Value: "x"}})
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	}
 }

@@ -38,7 +38,7 @@
 // while a connection whose server does not answer is closed then.
 //
 // fn's context carries the lock for txlock.FenceToken, and fenced writes
-// run on pgx through Querier: txlock.FencedTable.On(pgxlock.Querier(tx)).
+// run on pgx through QuerierOf: txlock.FencedTable.On(pgxlock.QuerierOf(tx)).
 // New returns a Locker, a pool and the options its calls share. A pgx
 // connection serves one statement at a time: a goroutine of fn may draw a
 // token while fn waits, but fn must not run statements on tx while it does.

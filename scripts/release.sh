@@ -98,15 +98,20 @@ keep_downloads() {
 	rm -rf "$run_cache/cache/download/$library"
 	chmod -R u+w "$host_cache/$library"@* 2>/dev/null || true
 	rm -rf "$host_cache/cache/download/$library" "$host_cache/$library"@*
-	# File by file, and only what is missing: the cache's files are
-	# read-only, and cp -n's exit status differs between versions.
-	local f
-	(cd "$run_cache/cache/download" && find . -type f) | while read -r f; do
-		if [ ! -e "$host_cache/cache/download/$f" ]; then
-			mkdir -p "$(dirname "$host_cache/cache/download/$f")"
-			cp "$run_cache/cache/download/$f" "$host_cache/cache/download/$f"
-		fi
-	done
+	# File by file, and only what is missing (the cache's files are
+	# read-only, and cp -n's exit status differs between versions); each
+	# through a temporary file and a rename, so that a go command reading
+	# the cache meanwhile never sees half a file, and the .ziphash files,
+	# which say a zip is complete, last.
+	(cd "$run_cache/cache/download" && find . -type f ! -name '*.ziphash' && find . -type f -name '*.ziphash') |
+		while read -r f; do
+			dest="$host_cache/cache/download/$f"
+			if [ ! -e "$dest" ]; then
+				mkdir -p "$(dirname "$dest")"
+				cp "$run_cache/cache/download/$f" "$dest.tmp.$$"
+				mv "$dest.tmp.$$" "$dest"
+			fi
+		done
 }
 
 # consumer builds a fresh module outside the repository that requires module
