@@ -17,6 +17,18 @@ import (
 	"github.com/txlock/txlock/pgxlock"
 )
 
+// stockTable creates a fenced stock table holding SKU-1001 with quantity 50,
+// and returns its name.
+func stockTable(t *testing.T, admin *sql.DB) string {
+	t.Helper()
+	name := fmt.Sprintf("pgxstock_%d", time.Now().UnixNano())
+	_, err := admin.Exec(`CREATE TABLE ` + name + ` (sku text PRIMARY KEY, qty int NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
+		INSERT INTO ` + name + ` (sku, qty) VALUES ('SKU-1001', 50)`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + name) })
+	return name
+}
+
 // Fenced writes through pgx: the statements, rules and errors of
 // txlock.FencedTable, on a pool, directly and through PgBouncer in an exec
 // mode that prepares nothing, and in a pgx.Tx.
@@ -32,11 +44,7 @@ func TestFencedWrites(t *testing.T) {
 				pool, admin = bp, a
 			}
 			ctx := context.Background()
-			name := fmt.Sprintf("pgxstock_%d", time.Now().UnixNano())
-			_, err := admin.Exec(`CREATE TABLE ` + name + ` (sku text PRIMARY KEY, qty int NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
-				INSERT INTO ` + name + ` (sku, qty) VALUES ('SKU-1001', 50)`)
-			require.NoError(t, err)
-			t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + name) })
+			name := stockTable(t, admin)
 			w := txlock.FencedTable{Name: name}.On(pgxlock.QuerierOf(pool))
 			sku := func(s string) []txlock.Col { return []txlock.Col{{Name: "sku", Value: s}} }
 			qty := func(n int) []txlock.Col { return []txlock.Col{{Name: "qty", Value: n}} }
@@ -83,11 +91,7 @@ func TestFencedWriteInLock(t *testing.T) {
 	pool, admin := direct(t)
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-	name := fmt.Sprintf("pgxstock_%d", time.Now().UnixNano())
-	_, err := admin.Exec(`CREATE TABLE ` + name + ` (sku text PRIMARY KEY, qty int NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
-		INSERT INTO ` + name + ` (sku, qty) VALUES ('SKU-1001', 50)`)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = admin.Exec(`DROP TABLE ` + name) })
+	name := stockTable(t, admin)
 	w := txlock.FencedTable{Name: name}.On(pgxlock.QuerierOf(pool))
 	sku := []txlock.Col{{Name: "sku", Value: "SKU-1001"}}
 	var mu sync.Mutex
@@ -119,7 +123,7 @@ func TestFencedWriteInLock(t *testing.T) {
 		return err
 	}))
 	// The first holder, paused past its lock, writes with its old token.
-	err = pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, _ pgx.Tx) error {
+	err := pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, _ pgx.Tx) error {
 		_, err := w.Update(ctx, first, []txlock.Col{{Name: "qty", Value: 0}}, sku)
 		return err
 	}, txlock.WithObserver(obs))
