@@ -406,22 +406,8 @@ func TestFencedPausedHolder(t *testing.T) {
 		"TXLOCK_CHILD_KEY="+key.Name(),
 		"TXLOCK_CHILD_TABLE="+ft.Name,
 	)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	lines := bufio.NewScanner(stdout)
-	next := func() string {
-		require.True(t, lines.Scan(), "child output ended: %v", lines.Err())
-		return lines.Text()
-	}
+	stdin, next := runChild(t, cmd)
 
 	// 1. A acquires with a 1s hold bound, takes its token, and is frozen.
 	line := next()

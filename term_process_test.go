@@ -137,6 +137,41 @@ func stoppedLeader(db *sql.DB, key txlock.Key, table string) error {
 	return nil
 }
 
+// childURL is the URL a candidate process connects to: the test
+// PostgreSQL, or with via "PgBouncer" the test PgBouncer, in an exec mode
+// that prepares nothing.
+func childURL(t *testing.T, via string) string {
+	t.Helper()
+	if via != "PgBouncer" {
+		return pgtest.Postgres(t)
+	}
+	url, _ := pgtest.PgBouncer(t)
+	return url + "&default_query_exec_mode=exec"
+}
+
+// runChild starts cmd, a child process of the test binary, with pipes to
+// its stdin and from its stdout, and stops it (thawed, if frozen) when the
+// test ends. next returns its next line of output, and fails the test if
+// there is none.
+func runChild(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, next func() string) {
+	t.Helper()
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	return stdin, func() string {
+		require.True(t, lines.Scan(), "the child's output ended: %v", lines.Err())
+		return lines.Text()
+	}
+}
+
 // startChild starts the test binary as a candidate process in mode.
 func startChild(t *testing.T, mode, url string, env ...string) *exec.Cmd {
 	t.Helper()
@@ -154,11 +189,7 @@ func TestTermExclusionAcrossProcesses(t *testing.T) {
 	for _, via := range []string{"direct", "PgBouncer"} {
 		t.Run(via, func(t *testing.T) {
 			db := termDB(t)
-			url := pgtest.Postgres(t)
-			if via == "PgBouncer" {
-				url, _ = pgtest.PgBouncer(t)
-				url += "&default_query_exec_mode=exec"
-			}
+			url := childURL(t, via)
 			table := "terms_" + tableSuffix(t)
 			_, err := db.Exec(`CREATE TABLE ` + table + ` (id bigserial PRIMARY KEY, pid int NOT NULL, token bigint NOT NULL, waited_ms bigint NOT NULL,
 				started_at timestamptz NOT NULL, ended_at timestamptz)`)
@@ -234,11 +265,7 @@ func TestTermStoppedLeader(t *testing.T) {
 	for _, via := range []string{"direct", "PgBouncer"} {
 		t.Run(via, func(t *testing.T) {
 			db := termDB(t)
-			url := pgtest.Postgres(t)
-			if via == "PgBouncer" {
-				url, _ = pgtest.PgBouncer(t)
-				url += "&default_query_exec_mode=exec"
-			}
+			url := childURL(t, via)
 			table := "stopped_" + tableSuffix(t)
 			_, err := db.Exec(`CREATE TABLE ` + table + ` (id int PRIMARY KEY, qty int NOT NULL, fence_token bigint NOT NULL DEFAULT 0);
 				INSERT INTO ` + table + ` VALUES (1, 0, 0)`)
@@ -247,21 +274,7 @@ func TestTermStoppedLeader(t *testing.T) {
 			key := uniq(t)
 			const ttl = 2 * time.Second
 			cmd := startChild(t, "stopped", url, "TXLOCK_CHILD_KEY="+key, "TXLOCK_CHILD_TABLE="+table, "TXLOCK_TTL="+ttl.String())
-			stdin, err := cmd.StdinPipe()
-			require.NoError(t, err)
-			stdout, err := cmd.StdoutPipe()
-			require.NoError(t, err)
-			require.NoError(t, cmd.Start())
-			t.Cleanup(func() {
-				_ = cmd.Process.Signal(syscall.SIGCONT)
-				_ = cmd.Process.Kill()
-				_ = cmd.Wait()
-			})
-			lines := bufio.NewScanner(stdout)
-			next := func() string {
-				require.True(t, lines.Scan(), "the leader's output ended: %v", lines.Err())
-				return lines.Text()
-			}
+			stdin, next := runChild(t, cmd)
 			line := next()
 			tokenA, err := strconv.ParseInt(strings.TrimPrefix(line, "token "), 10, 64)
 			require.NoError(t, err, line)
