@@ -88,7 +88,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if err != nil {
 		tie.untie()
 		if !inTime() {
-			err = a.overran(err)
+			err = overran(a.attemptBound, err)
 		}
 		txCancel(nil)
 		return busy, fmt.Errorf("txlock: begin: %w", err)
@@ -102,7 +102,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 		out, err = busy, context.DeadlineExceeded
 	}
 	if err != nil && !bounded {
-		err = a.overran(err)
+		err = overran(a.attemptBound, err)
 	}
 	if err != nil || out != granted {
 		tie.untie()
@@ -114,7 +114,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
 	// the driver then has no context to watch around each of fn's
 	// statements.
-	a.held = sqlHeld{tx: tx, txCtx: txCtx, fn: a.fn}
+	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
 	a.h = holder{tx: &a.held, txCtx: txCtx, fnCtx: ctx, cancel: txCancel}
 	if c.ev.on() {
 		a.h.grantedAt = c.clock.now()
@@ -125,9 +125,9 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	return granted, nil
 }
 
-// overran explains an attempt that attemptBound ended.
-func (a *ownTx) overran(err error) error {
-	return fmt.Errorf("txlock: the attempt did not return within %v (a term's attempt is bounded by its TTL): the connection may be partitioned, or the server unreachable: %w", a.attemptBound, err)
+// overran explains an attempt that its bound (a term's TTL) ended.
+func overran(bound time.Duration, err error) error {
+	return fmt.Errorf("txlock: the attempt did not return within %v (a term's attempt is bounded by its TTL): the connection may be partitioned, or the server unreachable: %w", bound, err)
 }
 
 // begin begins an attempt's transaction. If the turn was handed on before

@@ -8,23 +8,22 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // The campaign and the start of a term: the options a term takes, its wait
-// for the lock (WithLock's loop, with ownTx's attempts), and its first
+// for the lock (WithLock's loop, with database/sql's or a driver's
+// attempts), and its first
 // moments once granted (its context, its fencing token, the first
 // heartbeat). term.go holds the Term and its end.
 
-// acquireTerm validates the call, campaigns, and starts the term.
-func acquireTerm(ctx context.Context, db DB, key Key, opts []Option, try bool) (*Term, error) {
+// acquireTerm is AcquireTerm's, with try TryAcquireTerm's: a term on db,
+// whose attempts database/sql makes. lockerOpts are a Locker's options, if
+// the call is a Locker's.
+func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts, opts []Option, try bool) (*Term, error) {
 	t := &Term{key: key}
-	c, a := &t.c, &t.a
-	all := make([]Option, 0, len(opts)+1)
-	all = append(append(all, asTerm), opts...)
-	if err := c.init(all, false); err != nil {
-		return nil, err
-	}
-	if err := c.termOptions(); err != nil {
+	if err := t.setup(lockerOpts, opts); err != nil {
 		return nil, err
 	}
 	if nilDB(db) {
@@ -33,24 +32,103 @@ func acquireTerm(ctx context.Context, db DB, key Key, opts []Option, try bool) (
 	if err := key.Err(); err != nil {
 		return nil, err
 	}
-	t.hb = c.heartbeat.withDefaults()
-	*a = ownTx{c: c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
-	c.ev.start(ctx)
+	a := &t.own
+	*a = ownTx{c: &t.c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
 	var q *ticket
 	if h := queueHandle(db); h != nil && !try {
 		q = &t.q
 		q.key = queueKey{handle: h, stmt: a.stmt}
 		a.pool, _ = h.(*sql.DB)
 	}
-	st := &t.st
-	st.lock = Lock{Keys: a.keys, Held: true}
+	return t.campaign(ctx, a, q, try)
+}
+
+// DriverTerm is AcquireTerm, or with try TryAcquireTerm, for a term whose
+// attempts a driver makes (package driver): how a driver package such as
+// pgxlock reuses txlock's terms. Each attempt's transaction must be a
+// driver.TermTx. lockerOpts are the options of the driver's Locker, if the
+// call is one of its methods (nil otherwise): an error about one of them
+// says that it was given to New. opts follow them.
+func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, lockerOpts []Option, opts ...Option) (*Term, error) {
+	t := &Term{key: key}
+	if err := t.setup(lockerOpts, opts); err != nil {
+		return nil, err
+	}
+	if isNil(a) {
+		return nil, fmt.Errorf("%w: the driver's acquirer is nil", ErrInvalidArgument)
+	}
+	if err := key.Err(); err != nil {
+		return nil, err
+	}
+	d := &t.drv
+	*d = driverAcquirer{a: a, c: &t.c, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
+	if err := d.plan(); err != nil {
+		return nil, err
+	}
+	var q *ticket
+	if pool := a.Pool(); pool != (driver.PoolKey{}) && !try {
+		q = &t.q
+		q.key = queueKey{handle: pool, stmt: d.stmt}
+	}
+	return t.campaign(ctx, d, q, try)
+}
+
+// setup reads a term's options: asTerm's defaults, then the Locker's, then
+// the call's.
+func (t *Term) setup(lockerOpts, opts []Option) error {
+	all := make([]Option, 0, 2+len(lockerOpts)+len(opts))
+	all = append(all, asTerm)
+	if lockerOpts != nil {
+		all = append(append(all, lockerOpts...), fromLocker)
+	}
+	c := &t.c
+	if err := c.init(append(all, opts...), false); err != nil {
+		return err
+	}
+	if err := c.termOptions(); err != nil {
+		return err
+	}
+	t.hb = c.heartbeat.withDefaults()
+	return nil
+}
+
+// termAcquirer is a term's acquirer: database/sql's (ownTx) or a driver's
+// (driverAcquirer).
+type termAcquirer interface {
+	attempter
+	// granted returns the granted lock and its transaction, and makes it
+	// where st's tokens are confirmed.
+	granted(st *lockState) (*holder, driver.TermTx, error)
+}
+
+func (a *ownTx) granted(st *lockState) (*holder, driver.TermTx, error) {
+	st.db, st.tx = a.db, a.held.tx
+	return &a.h, &a.held, nil
+}
+
+func (d *driverAcquirer) granted(st *lockState) (*holder, driver.TermTx, error) {
+	tt, ok := d.h.tx.(driver.TermTx)
+	if !ok {
+		_ = d.h.tx.Rollback()
+		d.h.tx.Close()
+		return nil, nil, fmt.Errorf("%w: the driver's transaction is no driver.TermTx: the driver supports no terms", ErrInvalidArgument)
+	}
+	d.sessionOf(st, tt)
+	return &d.h, tt, nil
+}
+
+// campaign waits for the lock with a's attempts, and starts the term.
+func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool) (*Term, error) {
+	c, st := &t.c, &t.st
+	c.ev.start(ctx)
+	st.lock = Lock{Keys: []Key{t.key}, Held: true}
 	if c.ev.on() {
 		st.ev = &c.ev
 	}
 	if c.fencing {
 		// The term's start draws its token: set the draw's connection
 		// aside while the campaign holds nothing (see WithFencing).
-		d, err := reserveFor(ctx, c, a.keys, a)
+		d, err := reserveFor(ctx, c, st.lock.Keys, a)
 		if err != nil {
 			return nil, err
 		}
@@ -59,6 +137,9 @@ func acquireTerm(ctx context.Context, db DB, key Key, opts []Option, try bool) (
 	}
 	ta := termAttempter{a: a}
 	err := c.wait(ctx, c.waitMode(try), &st.lock, &ta, q)
+	if err == nil {
+		t.h, t.tx, err = a.granted(st)
+	}
 	if err != nil {
 		if q != nil {
 			q.leave()
@@ -79,7 +160,7 @@ func acquireTerm(ctx context.Context, db DB, key Key, opts []Option, try bool) (
 	t.queued = q != nil
 	t.start = ta.sent
 	if c.ev.on() {
-		st.grantedAt = a.h.grantedAt
+		st.grantedAt = t.h.grantedAt
 	}
 	if err := t.begin(ctx); err != nil {
 		t.finish(ctx, err)
@@ -162,10 +243,10 @@ var endedCtx = func() context.Context {
 	return ctx
 }()
 
-// termAttempter is a term's attempter: ownTx's attempts, and the time the
-// last one began, from which the term's expiry counts.
+// termAttempter is a term's attempter: its acquirer's attempts, and the
+// time the last one began, from which the term's expiry counts.
 type termAttempter struct {
-	a    *ownTx
+	a    termAcquirer
 	sent time.Time
 }
 
@@ -176,7 +257,7 @@ func (ta *termAttempter) attempt(ctx context.Context, b bound) (outcome, error) 
 
 // begin sets up the granted term: its context, and its fencing token.
 func (t *Term) begin(ctx context.Context) error {
-	h := &t.a.h
+	h := t.h
 	// The term's context answers Value lookups through the context the
 	// Observer returned for Acquired (a hold span, say), and ends with the
 	// transaction's.
@@ -190,7 +271,7 @@ func (t *Term) begin(ctx context.Context) error {
 	t.stopTie = context.AfterFunc(txCtx, func() { cancel(context.Cause(txCtx)) })
 	t.tc = termContext{Context: base, t: t}
 	st := &t.st
-	st.Context, st.db, st.tx = &t.tc, t.a.db, t.a.held.tx
+	st.Context = &t.tc
 	// No heartbeat runs yet, and the draw may wait for a free connection
 	// of the pool: a watchdog ends the term at its local expiry, which
 	// cancels what is in flight, and is set again for the new expiry once
@@ -243,7 +324,7 @@ func (t *Term) begin(ctx context.Context) error {
 	// first heartbeat follows at once, rather than an interval later.
 	t.lastOK.Store(int64(drawn))
 	sent := t.since()
-	if _, err := t.a.held.tx.ExecContext(st, heartbeatStatement); err != nil {
+	if err := t.tx.Exec(st, heartbeatStatement); err != nil {
 		if e := ended("the first heartbeat", err); e != nil {
 			return e
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/txlock/txlock/driver"
 )
@@ -70,20 +71,42 @@ type driverAcquirer struct {
 	keys  []Key
 	begin string // the BEGIN of the call's transactions
 	query string // a polling attempt's query: see plan
+	stmt  string // a term's lock statement, sent after begin; then query is empty
 	h     holder // the granted lock
+	// attemptBound, if not 0, bounds each attempt, as ownTx's does.
+	attemptBound time.Duration
 }
 
 var _ acquirer = (*driverAcquirer)(nil)
 
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
 	at := driver.Request{Begin: d.begin, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
-	if b.window > 0 {
+	switch {
+	case b.window > 0:
 		at.Window, at.Stmt = b.window, waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
-	} else {
+	case d.stmt != "":
+		at.Stmt = d.stmt
+	default:
 		at.Query = d.query
+	}
+	var bounded time.Time // the attempt's bound, if it comes before the wait's deadline
+	if d.attemptBound > 0 {
+		if end := time.Now().Add(d.attemptBound); end.Before(at.Deadline) {
+			parent := at.WaitCtx
+			if parent == nil {
+				parent = ctx
+			}
+			var cancel context.CancelFunc
+			at.WaitCtx, cancel = context.WithDeadline(parent, end)
+			defer cancel()
+			at.Deadline, bounded = end, end
+		}
 	}
 	r, err := d.a.Attempt(ctx, at)
 	if err != nil {
+		if !bounded.IsZero() && !time.Now().Before(bounded) {
+			err = overran(d.attemptBound, err)
+		}
 		return busy, err
 	}
 	tx := r.Tx
@@ -99,7 +122,7 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 		return classifyOwn(r.Err)
 	case isNil(tx):
 		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
-	case b.window > 0:
+	case at.Query == "": // Stmt reports its outcome in its row count
 		out, err = rowsOutcome(r.Rows)
 	}
 	if out == granted && err == nil && ctx.Err() != nil {
@@ -115,6 +138,9 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	// end with fn's context, which the hold bound, if any, ends (and the
 	// server's side of the bound ends the session).
 	d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	if d.c.ev.on() {
+		d.h.grantedAt = d.c.clock.now()
+	}
 	if d.c.maxHold > 0 {
 		d.h.bound(d.c.maxHold)
 	}
@@ -123,6 +149,9 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
 	d.sessionOf(st, d.h.tx)
+	if st.ev != nil {
+		st.grantedAt = d.h.grantedAt // before the hold bound started
+	}
 	return d.h.runFn(st, handOn)
 }
 
@@ -224,9 +253,11 @@ func (d *driverAcquirer) plan() error {
 		}
 		beginFirst = level != ""
 	}
-	if beginFirst {
+	switch {
+	case d.stmt != "": // a term's: sent after begin
+	case beginFirst:
 		d.query = d.begin + "; " + lockStatement(d.keys, c.shared, c.maxHold, formFailBusy)
-	} else {
+	default:
 		d.query = lockStatement(d.keys, c.shared, c.maxHold, formFailBusy, "; "+d.begin)
 	}
 	return nil

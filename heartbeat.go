@@ -186,7 +186,7 @@ func (t *Term) beat() {
 			continue
 		}
 		hctx, cancel := context.WithTimeout(base, min(t.hb.Timeout, left))
-		_, err := t.st.tx.ExecContext(hctx, heartbeatStatement)
+		err := t.tx.Exec(hctx, heartbeatStatement)
 		cancel()
 		if err != nil {
 			if base.Err() == nil {

@@ -7,9 +7,7 @@ import (
 	"testing"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
-	"github.com/stretchr/testify/require"
 
-	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
@@ -57,17 +55,8 @@ func open(t testing.TB, url string) *sql.DB { return locktest.Open(t, url, 50) }
 
 func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) { locktest.RequireNoAdvisoryLocks(t, db) }
 
-// heldBy reports whether some backend holds k (granted) on the server.
-func heldBy(t testing.TB, db *sql.DB, k txlock.Key) int {
-	t.Helper()
-	classid, objid, objsubid := txlock.PgLocksOf(k)
-	var n int
-	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND classid = $1 AND objid = $2 AND objsubid = $3
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		int64(classid), int64(objid), objsubid).Scan(&n))
-	return n
-}
+// heldBy returns how many backends hold k (granted) on the server.
+var heldBy = locktest.HeldBy
 
 // exampleTB lets runnable examples get the shared test server, which the
 // pgtest helpers hand out to a testing.TB. Every failure panics, which fails

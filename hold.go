@@ -158,14 +158,16 @@ func (h *holder) ended() error {
 	return fmt.Errorf("txlock: transaction rolled back: %w", cause)
 }
 
-// sqlHeld is a database/sql transaction as a driver.Tx.
+// sqlHeld is a database/sql transaction as a driver.Tx, and, for a term,
+// a driver.TermTx.
 type sqlHeld struct {
-	tx    *sql.Tx
-	txCtx context.Context // the context tx was begun with
-	fn    func(context.Context, *sql.Tx) error
+	tx     *sql.Tx
+	txCtx  context.Context         // the context tx was begun with
+	cancel context.CancelCauseFunc // ends txCtx, if the transaction has a context of its own
+	fn     func(context.Context, *sql.Tx) error
 }
 
-var _ driver.Tx = (*sqlHeld)(nil)
+var _ driver.TermTx = (*sqlHeld)(nil)
 
 // Fn implements driver.Tx.
 func (t *sqlHeld) Fn(ctx context.Context) error { return t.fn(ctx, t.tx) }
@@ -202,3 +204,26 @@ func (t *sqlHeld) Rollback() error {
 // Close implements driver.Tx: an ended database/sql transaction has returned
 // its connection.
 func (t *sqlHeld) Close() {}
+
+// Exec implements driver.TermTx: database/sql closes the connection of a
+// statement whose context ends before its answer.
+func (t *sqlHeld) Exec(ctx context.Context, stmt string) error {
+	_, err := t.tx.ExecContext(ctx, stmt)
+	return err
+}
+
+// RollbackContext implements driver.TermTx. database/sql's ROLLBACK takes no
+// context: when ctx ends first, ending the transaction's own context cuts
+// it off, which rolls back and closes the connection. A transaction begun
+// without a context of its own (t.cancel nil) is not cut off.
+func (t *sqlHeld) RollbackContext(ctx context.Context) error {
+	switch {
+	case t.cancel == nil:
+	case ctx.Err() != nil: // before the rollback, which then is not sent
+		t.cancel(context.Cause(ctx))
+	default:
+		stop := context.AfterFunc(ctx, func() { t.cancel(context.Cause(ctx)) })
+		defer stop()
+	}
+	return t.Rollback()
+}

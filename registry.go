@@ -3,9 +3,12 @@ package txlock
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // DefaultRegistrySchema and DefaultRegistryTable name the table a zero
@@ -122,41 +125,10 @@ func (r Registry) Create(ctx context.Context, db interface {
 // register (ErrInvalidArgument), and an invalid one returns its own error
 // (ErrInvalidKey).
 func (r Registry) Register(ctx context.Context, db Querier, ks Keyspace) error {
-	t, err := r.table()
-	if err != nil {
-		return err
-	}
-	switch {
-	case ks.err != nil:
-		return fmt.Errorf("txlock: Registry.Register: %w", ks.err)
-	case ks.label == "":
-		return fmt.Errorf("%w: Registry.Register: keyspace %d has no name (it was made with KeyspaceID); only keyspaces of NewKeyspace can be registered", ErrInvalidArgument, ks.ns)
-	case isNil(db):
+	if isNil(db) {
 		return fmt.Errorf("%w: Registry.Register: db is nil", ErrInvalidArgument)
 	}
-	// The update of a row that holds the same name returns it; a row of
-	// another name makes ON CONFLICT return nothing. ON CONFLICT waits for a
-	// concurrent insert of the same namespace to commit and then sees it, so
-	// that many instances starting at once all succeed.
-	var ok bool
-	err = db.QueryRowContext(ctx, `INSERT INTO `+t+` AS t (namespace, name) VALUES ($1, $2)
-		ON CONFLICT (namespace) DO UPDATE SET last_registered_at = pg_catalog.now()
-		WHERE t.name OPERATOR(pg_catalog.=) EXCLUDED.name
-		RETURNING true`, ks.ns, ks.label).Scan(&ok)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, sql.ErrNoRows) {
-		return registryErr(t, "registering keyspace "+fmt.Sprintf("%q", truncate(ks.label)), err)
-	}
-	// The row of another name was committed before ON CONFLICT returned, so
-	// this statement's snapshot sees it.
-	var owner string
-	err = db.QueryRowContext(ctx, `SELECT name FROM `+t+` WHERE namespace OPERATOR(pg_catalog.=) $1`, ks.ns).Scan(&owner)
-	if err != nil {
-		return registryErr(t, "reading the owner of namespace "+fmt.Sprint(ks.ns), err)
-	}
-	return &KeyspaceClashError{Table: t, Namespace: ks.ns, Name: ks.label, Owner: owner}
+	return r.On(sqlQuerier{db}).Register(ctx, ks)
 }
 
 // Keyspaces returns the registered keyspaces, ordered by name, as
@@ -165,23 +137,90 @@ func (r Registry) Register(ctx context.Context, db Querier, ks Keyspace) error {
 func (r Registry) Keyspaces(ctx context.Context, db interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }) ([]Keyspace, error) {
-	t, err := r.table()
-	if err != nil {
-		return nil, err
-	}
 	if isNil(db) {
 		return nil, fmt.Errorf("%w: Registry.Keyspaces: db is nil", ErrInvalidArgument)
 	}
-	rows, err := db.QueryContext(ctx, `SELECT namespace, name FROM `+t)
+	return r.On(rowsQuerier{db}).Keyspaces(ctx)
+}
+
+// On returns r's Register and Keyspaces on q, a connection or transaction
+// of a database library other than database/sql, through its driver
+// (package driver): pgxlock.QuerierOf adapts pgx's. Create the table with
+// the statement DDL returns, run as that library runs one.
+func (r Registry) On(q driver.Querier) Registrar { return Registrar{r: r, q: q} }
+
+// A Registrar is a Registry's calls on a driver's Querier: see
+// Registry.On.
+type Registrar struct {
+	r Registry
+	q driver.Querier
+}
+
+// Register is Registry.Register on the Querier.
+func (g Registrar) Register(ctx context.Context, ks Keyspace) error {
+	t, err := g.r.table()
+	if err != nil {
+		return err
+	}
+	switch {
+	case ks.err != nil:
+		return fmt.Errorf("txlock: Registry.Register: %w", ks.err)
+	case ks.label == "":
+		return fmt.Errorf("%w: Registry.Register: keyspace %d has no name (it was made with KeyspaceID); only keyspaces of NewKeyspace can be registered", ErrInvalidArgument, ks.ns)
+	case isNil(g.q):
+		return fmt.Errorf("%w: Registry.Register: db is nil", ErrInvalidArgument)
+	}
+	// The update of a row that holds the same name returns it; a row of
+	// another name makes ON CONFLICT return nothing, which the count makes
+	// one row, whatever a driver does with none. ON CONFLICT waits for a
+	// concurrent insert of the same namespace to commit and then sees it,
+	// so that many instances starting at once all succeed.
+	var n int
+	err = g.q.QueryRow(ctx, `WITH ins AS (INSERT INTO `+t+` AS t (namespace, name) VALUES ($1, $2)
+		ON CONFLICT (namespace) DO UPDATE SET last_registered_at = pg_catalog.now()
+		WHERE t.name OPERATOR(pg_catalog.=) EXCLUDED.name
+		RETURNING true)
+		SELECT pg_catalog.count(*) FROM ins`, []any{ks.ns, ks.label}, &n)
+	if err != nil {
+		return registryErr(t, "registering keyspace "+fmt.Sprintf("%q", truncate(ks.label)), err)
+	}
+	if n == 1 {
+		return nil
+	}
+	// The row of another name was committed before ON CONFLICT returned, so
+	// this statement's snapshot sees it.
+	var owner string
+	err = g.q.QueryRow(ctx, `SELECT name FROM `+t+` WHERE namespace OPERATOR(pg_catalog.=) $1`, []any{ks.ns}, &owner)
+	if err != nil {
+		return registryErr(t, "reading the owner of namespace "+fmt.Sprint(ks.ns), err)
+	}
+	return &KeyspaceClashError{Table: t, Namespace: ks.ns, Name: ks.label, Owner: owner}
+}
+
+// Keyspaces is Registry.Keyspaces on the Querier. The rows come as one
+// JSON array, so that one row carries them through every driver.
+func (g Registrar) Keyspaces(ctx context.Context) ([]Keyspace, error) {
+	t, err := g.r.table()
+	if err != nil {
+		return nil, err
+	}
+	if isNil(g.q) {
+		return nil, fmt.Errorf("%w: Registry.Keyspaces: db is nil", ErrInvalidArgument)
+	}
+	var doc string
+	err = g.q.QueryRow(ctx, `SELECT CAST(coalesce(pg_catalog.json_agg(pg_catalog.json_build_array(namespace, name)), '[]') AS pg_catalog.text) FROM `+t, nil, &doc)
 	if err != nil {
 		return nil, registryErr(t, "reading keyspaces", err)
 	}
-	defer rows.Close()
-	var out []Keyspace
-	for rows.Next() {
+	var rows [][2]json.RawMessage
+	if err := json.Unmarshal([]byte(doc), &rows); err != nil {
+		return nil, registryErr(t, "reading keyspaces", err)
+	}
+	out := make([]Keyspace, 0, len(rows))
+	for _, row := range rows {
 		var ns int32
 		var name string
-		if err := rows.Scan(&ns, &name); err != nil {
+		if err := errors.Join(json.Unmarshal(row[0], &ns), json.Unmarshal(row[1], &name)); err != nil {
 			return nil, registryErr(t, "reading keyspaces", err)
 		}
 		ks := NewKeyspace(name)
@@ -192,11 +231,33 @@ func (r Registry) Keyspaces(ctx context.Context, db interface {
 		}
 		out = append(out, ks)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, registryErr(t, "reading keyspaces", err)
-	}
 	sort.Slice(out, func(i, j int) bool { return out[i].label < out[j].label })
 	return out, nil
+}
+
+// rowsQuerier is a database/sql QueryContext as a driver.Querier.
+type rowsQuerier struct {
+	db interface {
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	}
+}
+
+func (q rowsQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	rows, err := q.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return sql.ErrNoRows
+	}
+	if err := rows.Scan(dest...); err != nil {
+		return err
+	}
+	return rows.Close()
 }
 
 // registryErr wraps a failed statement on the registry table, with the fix

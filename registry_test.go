@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -39,22 +40,8 @@ func registryIn(t *testing.T, db *sql.DB) txlock.Registry {
 	return r
 }
 
-// clashingNames returns two keyspace names whose namespaces are equal,
-// found by a birthday search (about 2^16 hashes).
-func clashingNames(t *testing.T) (string, string) {
-	t.Helper()
-	seen := make(map[int32]string, 1<<17)
-	for i := range 1 << 20 {
-		name := fmt.Sprintf("service-%d", i)
-		ns := txlock.NewKeyspace(name).Namespace()
-		if other, ok := seen[ns]; ok {
-			return other, name
-		}
-		seen[ns] = name
-	}
-	t.Fatal("no two names of 2^20 share a namespace")
-	return "", ""
-}
+// clashingNames returns two keyspace names whose namespaces are equal.
+var clashingNames = locktest.ClashingNames
 
 func TestRegistryRegisterAndList(t *testing.T) {
 	ctx := context.Background()

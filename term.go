@@ -2,12 +2,13 @@ package txlock
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // Terms: a lock held for longer than one critical section (a leader among
@@ -43,7 +44,8 @@ func asTerm(c *config) {
 // READ COMMITTED transaction that makes no writes, for as long as its
 // heartbeats succeed (see Heartbeat), until Release, or until the context
 // given to AcquireTerm ends. Get one with AcquireTerm or TryAcquireTerm, or
-// let Lead manage it. Its methods are safe for concurrent use.
+// let Lead manage it (pgxlock has the same three, on pgx). Its methods are
+// safe for concurrent use.
 //
 // What a term costs: one connection for its whole length (behind PgBouncer
 // in transaction mode, one server connection, pinned: size the pool for
@@ -67,12 +69,15 @@ type Term struct {
 	key   Key
 	token atomic.Int64 // set once, before AcquireTerm returns; atomic for the expiry checks of database/sql's goroutines
 
-	c  config
-	a  ownTx
-	q  ticket
-	st lockState   // Context(): the lock, db, tx, and the fencing token
-	tc termContext // st's Context
-	hb Heartbeat
+	c   config
+	own ownTx          // the attempts of AcquireTerm, on database/sql
+	drv driverAcquirer // the attempts of DriverTerm, a driver's
+	h   *holder        // the granted lock: own's or drv's
+	tx  driver.TermTx  // its transaction
+	q   ticket
+	st  lockState   // Context(): the lock, db, tx, and the fencing token
+	tc  termContext // st's Context
+	hb  Heartbeat
 
 	cancel  context.CancelCauseFunc // ends tc's context, with the term's cause
 	stopTie func() bool             // unties the term from the transaction's context
@@ -169,14 +174,14 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // WithSerializationRetries are refused with ErrInvalidArgument, and so, by
 // the Locker's methods, is a Locker whose New was given one of them.
 func AcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
-	return acquireTerm(ctx, db, key, opts, false)
+	return acquireTerm(ctx, db, key, nil, opts, false)
 }
 
 // TryAcquireTerm makes one attempt at key, and starts a term if the lock is
 // granted, as AcquireTerm does. If another session holds the lock, it
 // returns a nil Term and a nil error. It never queues or waits.
 func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
-	return acquireTerm(ctx, db, key, opts, true)
+	return acquireTerm(ctx, db, key, nil, opts, true)
 }
 
 // Lead campaigns for key as AcquireTerm does and, once elected, runs fn
@@ -213,12 +218,32 @@ func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term,
 // term's token, and LockFromContext and Held describe the term.
 func Lead(ctx context.Context, db DB, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
 	if fn == nil {
-		return fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
+		return errNilLeadFn
 	}
-	t, err := acquireTerm(ctx, db, key, opts, false)
+	t, err := acquireTerm(ctx, db, key, nil, opts, false)
 	if err != nil {
 		return err
 	}
+	return t.lead(ctx, fn)
+}
+
+// DriverLead is Lead for a term whose attempts a driver makes: see
+// DriverTerm.
+func DriverLead(ctx context.Context, a driver.Acquirer, key Key, fn func(ctx context.Context, t *Term) error, lockerOpts []Option, opts ...Option) error {
+	if fn == nil {
+		return errNilLeadFn
+	}
+	t, err := DriverTerm(ctx, a, key, false, lockerOpts, opts...)
+	if err != nil {
+		return err
+	}
+	return t.lead(ctx, fn)
+}
+
+var errNilLeadFn = fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
+
+// lead runs Lead's fn with the term t, and releases it.
+func (t *Term) lead(ctx context.Context, fn func(ctx context.Context, t *Term) error) error {
 	done := false
 	defer func() {
 		if !done { // fn panicked: release, and let the panic continue.
@@ -289,22 +314,22 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 		t.cancel(cause)
 		cause = context.Cause(t.tc.Context)
 	}
-	h := &t.a.h
+	h := t.h
 	// A ROLLBACK is as short as a heartbeat, and is bounded the same way:
 	// by the Heartbeat's Timeout (and never past the TTL), and by ctx
-	// (Release's). pgx rolls back with the transaction's context, so ending
-	// that context cuts off a rollback stuck on a partitioned connection,
-	// and closes it; the server ends the session within the TTL. A ctx that
-	// has already ended cuts it off before it is sent. (A term's attempt
-	// always gives the transaction a context of its own: h.cancel is set.)
+	// (Release's). Ending the rollback's context cuts off a rollback stuck
+	// on a partitioned connection, and closes it; the server ends the
+	// session within the TTL. A ctx that has already ended cuts it off
+	// before it is sent.
+	rctx, cutRollback := context.WithCancelCause(context.WithoutCancel(ctx))
 	var cutMu sync.Mutex
 	var cutErr error
 	cut := func(why string) {
 		cutMu.Lock()
 		defer cutMu.Unlock()
-		if cutErr == nil && h.cancel != nil {
+		if cutErr == nil {
 			cutErr = fmt.Errorf("the rollback was cut off, as %s, and its connection closed", why)
-			h.cancel(fmt.Errorf("txlock: the rollback of the term of %s: %w: %w", t.key, cutErr, cause))
+			cutRollback(fmt.Errorf("txlock: the rollback of the term of %s: %w: %w", t.key, cutErr, cause))
 		}
 	}
 	if ctx.Err() != nil {
@@ -315,19 +340,22 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 		stop := context.AfterFunc(ctx, func() { cut("Release's ctx ended") })
 		defer func() { timer.Stop(); stop() }()
 	}
-	rbErr := t.a.held.tx.Rollback()
+	rbErr := t.tx.RollbackContext(rctx)
+	t.tx.Close()
 	cutMu.Lock()
 	wasCut := cutErr
 	cutMu.Unlock()
+	ended := errors.Is(rbErr, driver.ErrTxDone) || errors.Is(rbErr, driver.ErrRolledBack)
 	switch {
 	case rbErr == nil:
-	case wasCut != nil && errors.Is(rbErr, sql.ErrTxDone):
-		rbErr = wasCut // database/sql rolled back, and closed the connection, when the cut ended the transaction's context
+	case wasCut != nil && ended:
+		rbErr = wasCut // the cut ended the transaction's context, and the driver rolled back, and closed the connection
 	case wasCut != nil:
 		rbErr = fmt.Errorf("%w: %w", wasCut, rbErr)
-	case errors.Is(rbErr, sql.ErrTxDone):
-		rbErr = nil // the transaction's context ended (ctx, or a loss), and database/sql rolled it back
+	case ended:
+		rbErr = nil // the transaction's context ended (ctx, or a loss), and the driver rolled it back
 	}
+	cutRollback(nil)
 	if t.stopTie != nil {
 		t.stopTie()
 	}
@@ -415,23 +443,24 @@ func (t *Term) Release(ctx context.Context) error {
 
 // AcquireTerm is AcquireTerm on the Locker's db.
 func (l *Locker) AcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
-	return AcquireTerm(ctx, l.db, key, l.termOpts(opts)...)
+	return acquireTerm(ctx, l.db, key, l.opts, opts, false)
 }
 
 // TryAcquireTerm is TryAcquireTerm on the Locker's db.
 func (l *Locker) TryAcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
-	return TryAcquireTerm(ctx, l.db, key, l.termOpts(opts)...)
+	return acquireTerm(ctx, l.db, key, l.opts, opts, true)
 }
 
 // Lead is Lead on the Locker's db.
 func (l *Locker) Lead(ctx context.Context, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
-	return Lead(ctx, l.db, key, fn, l.termOpts(opts)...)
-}
-
-// termOpts returns the Locker's options, fromLocker, then a call's own.
-func (l *Locker) termOpts(opts []Option) []Option {
-	all := make([]Option, 0, len(l.opts)+1+len(opts))
-	return append(append(append(all, l.opts...), fromLocker), opts...)
+	if fn == nil {
+		return errNilLeadFn
+	}
+	t, err := acquireTerm(ctx, l.db, key, l.opts, opts, false)
+	if err != nil {
+		return err
+	}
+	return t.lead(ctx, fn)
 }
 
 // trimPrefix drops the package prefix of err's text, for an option's error,

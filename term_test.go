@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -48,20 +49,7 @@ func termDB(t *testing.T) *sql.DB {
 }
 
 // termPID returns the pid of the backend that holds k, or 0.
-func termPID(t *testing.T, db *sql.DB, k txlock.Key) int {
-	t.Helper()
-	classid, objid, objsubid := txlock.PgLocksOf(k)
-	var pid int
-	err := db.QueryRow(`SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND classid = $1 AND objid = $2 AND objsubid = $3
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		int64(classid), int64(objid), objsubid).Scan(&pid)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0
-	}
-	require.NoError(t, err)
-	return pid
-}
+var termPID = locktest.HolderPID
 
 // backend is a row of pg_stat_activity.
 type backend struct {

@@ -25,7 +25,7 @@ import (
 // Acquirer on a pool that is also a Drawer supports txlock.WithFencing.
 type Acquirer interface {
 	// Attempt makes one attempt within r: it begins a transaction and
-	// runs the lock statement in it (r.Query, or with r.Window, r.Begin
+	// runs the lock statement in it (r.Query, or if it is empty, r.Begin
 	// then r.Stmt), and returns what the server answered. An error means
 	// the statement's answer never came (no connection, a failed BEGIN,
 	// the wait's context): the attempt has then let go of every connection
@@ -48,26 +48,28 @@ type Request struct {
 	// Begin is the statement that begins the call's transaction (BEGIN,
 	// with the options of txlock.WithTxOptions).
 	Begin string
-	// Query is a polling attempt's query, when Window is 0: the lock
+	// Query, if not empty, is a polling attempt's query: the lock
 	// statement and Begin in one string, sent as one query with the
 	// simple protocol. A busy lock fails it (SQLSTATE 22P02) before its
 	// BEGIN, unless the transaction has an explicit isolation level: Begin
 	// then comes first, and a busy attempt leaves the transaction aborted,
 	// for the driver to roll back.
 	Query string
-	// Window, if not 0, is how long the attempt may wait in the server's
-	// lock queue: the driver begins the transaction with Begin, then runs
-	// Stmt.
-	Window time.Duration
-	// Stmt is a window's statement: it waits in the server's lock queue
-	// for at most Window, and reports its outcome in its row count.
+	// Stmt, when Query is empty, is the lock statement: the driver begins
+	// the transaction with Begin, then runs Stmt, which reports its
+	// outcome in its row count (a window in the server's lock queue, or a
+	// term's attempt).
 	Stmt string
-	// Deadline is the wait's: an attempt's I/O must end by it, give or
-	// take the time a server that answers takes to do so.
+	// Window is how long Stmt may wait in the server's lock queue; 0 when
+	// it does not wait.
+	Window time.Duration
+	// Deadline is the wait's, or a term's attempt's (its TTL after the
+	// attempt began), whichever comes first: an attempt's I/O must end by
+	// it, give or take the time a server that answers takes to do so.
 	Deadline time.Time
 	// WaitCtx ends at Deadline or with the caller's context; nil until
 	// the wait has needed it (an uncontended call's first attempt goes
-	// without).
+	// without). Waits for a connection end with it.
 	WaitCtx context.Context
 	// PrevEnd, if not nil, is closed once the transaction of the caller
 	// that handed this call its turn has ended: the lock statement must
@@ -84,8 +86,8 @@ type Result struct {
 	// Tx is the attempt's transaction, if the statement succeeded: the
 	// lock's, if it was granted; the lock loop ends it otherwise.
 	Tx Tx
-	// Rows is the row count of a window's Stmt. A polling Query that
-	// succeeds is a grant, whatever its rows.
+	// Rows is the row count of Stmt. A polling Query that succeeds is a
+	// grant, whatever its rows.
 	Rows int64
 }
 
@@ -112,6 +114,23 @@ type Tx interface {
 	// Close lets go of the transaction's connection. The lock loop calls
 	// it once, after Commit or Rollback, whatever they returned.
 	Close()
+}
+
+// A TermTx is the transaction of a term (txlock.DriverTerm): a Tx whose
+// statements, the heartbeats, and whose rollback a context bounds. A
+// driver whose attempts return no TermTx supports no terms.
+type TermTx interface {
+	Tx
+	// Exec runs stmt, a heartbeat that takes no arguments, in the
+	// transaction. If ctx ends before the answer, the driver closes the
+	// connection, which ends the session and its lock: a term never
+	// outlives a heartbeat that timed out.
+	Exec(ctx context.Context, stmt string) error
+	// RollbackContext rolls back under ctx, or if ctx ends first, closes
+	// the connection. It returns an error matching ErrTxDone if the
+	// transaction had already ended, and one matching ErrRolledBack if
+	// the driver had rolled it back as its context ended.
+	RollbackContext(ctx context.Context) error
 }
 
 // The errors by which a Tx says how its transaction had ended, or how

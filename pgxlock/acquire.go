@@ -66,8 +66,8 @@ func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result
 	if err != nil {
 		return driver.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
-	if b.Window > 0 {
-		return a.window(ctx, c, pc, b)
+	if b.Query == "" {
+		return a.inTx(ctx, c, pc, b)
 	}
 	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Query})
@@ -114,9 +114,10 @@ func pastDeadline(err error, deadline time.Time) bool {
 // whose server does not answer is closed (a caller's own *pgx.Conn too).
 const stallGrace = time.Second
 
-// window makes a ServerWait attempt: BEGIN, then the statement that waits
-// in the server's lock queue for at most the window.
-func (a *acquirer) window(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Request) (driver.Result, error) {
+// inTx makes an attempt whose lock statement runs in a begun transaction:
+// BEGIN, then the statement (a window in the server's lock queue, or a
+// term's attempt).
+func (a *acquirer) inTx(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Request) (driver.Result, error) {
 	reset := deadline(c, b.Deadline.Add(stallGrace))
 	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Begin})
 	if err != nil {
@@ -239,7 +240,7 @@ type heldTx struct {
 }
 
 var (
-	_ driver.Tx      = (*heldTx)(nil)
+	_ driver.TermTx  = (*heldTx)(nil)
 	_ driver.Session = (*heldTx)(nil)
 )
 
@@ -267,6 +268,25 @@ func (h *heldTx) Commit(ctx context.Context) error {
 func (h *heldTx) Rollback() error {
 	h.close()
 	err := end(h.ctx, h.tx)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		return driver.ErrTxDone
+	}
+	return err
+}
+
+// Exec implements driver.TermTx. A statement without arguments goes with
+// the simple protocol, in every exec mode; when ctx ends first, pgx closes
+// the connection.
+func (h *heldTx) Exec(ctx context.Context, stmt string) error {
+	_, err := h.tx.Exec(ctx, stmt)
+	return err
+}
+
+// RollbackContext implements driver.TermTx: pgx closes the connection if
+// ctx ends before the rollback's answer.
+func (h *heldTx) RollbackContext(ctx context.Context) error {
+	h.close()
+	err := h.tx.Rollback(ctx)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		return driver.ErrTxDone
 	}

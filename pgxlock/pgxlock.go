@@ -38,8 +38,10 @@
 // while a connection whose server does not answer is closed then.
 //
 // fn's context carries the lock for txlock.FenceToken, and fenced writes
-// run on pgx through QuerierOf: txlock.FencedTable.On(pgxlock.QuerierOf(tx)).
-// New returns a Locker, a pool and the options its calls share. A pgx
+// run on pgx through QuerierOf: txlock.FencedTable.On(pgxlock.QuerierOf(tx)),
+// as does the keyspace registry: txlock.Registry.On. AcquireTerm,
+// TryAcquireTerm and Lead are txlock's terms, on pgx. New returns a Locker,
+// a pool and the options its calls share. A pgx
 // connection serves one statement at a time: a goroutine of fn may draw a
 // token while fn waits, but fn must not run statements on tx while it does.
 //
@@ -147,23 +149,8 @@ type call struct {
 func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
 	cl := &call{}
 	a := &cl.a
-	switch db := any(db).(type) {
-	case *pgxpool.Pool:
-		a.pool = db
-	case *pgxpool.Conn:
-		if db != nil {
-			a.conn = db.Conn()
-		}
-	case *pgx.Conn:
-		a.conn = db
-	}
-	if a.pool == nil && a.conn == nil {
-		return false, fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
-	}
-	if a.conn != nil && a.conn.PgConn().TxStatus() != 'I' {
-		// A busy attempt would abort the caller's transaction, and a grant
-		// would commit it with fn's.
-		return false, fmt.Errorf("%w: db is a connection in a transaction; lock inside it with LockTx", txlock.ErrInvalidArgument)
+	if err := a.on(any(db)); err != nil {
+		return false, err
 	}
 	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -75,6 +76,61 @@ func Hold(t testing.TB, db *sql.DB, k txlock.Key, shared bool) (release func()) 
 	}
 	t.Cleanup(release)
 	return release
+}
+
+// HeldBy returns how many backends of db's database hold k (granted).
+func HeldBy(t testing.TB, db *sql.DB, k txlock.Key) int {
+	t.Helper()
+	var n int
+	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_locks WHERE `+granted, grantedArgs(k)...).Scan(&n))
+	return n
+}
+
+// HolderPID returns the pid of the backend that holds k, or 0.
+func HolderPID(t testing.TB, db *sql.DB, k txlock.Key) int {
+	t.Helper()
+	var pid int
+	err := db.QueryRow(`SELECT pid FROM pg_locks WHERE `+granted, grantedArgs(k)...).Scan(&pid)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0
+	}
+	require.NoError(t, err)
+	return pid
+}
+
+// granted is the condition on pg_locks of a granted advisory lock of
+// grantedArgs's key in the current database.
+const granted = `locktype = 'advisory' AND granted
+	AND classid = $1 AND objid = $2 AND objsubid = $3
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+// grantedArgs returns pg_locks' classid, objid and objsubid of k, from
+// the key's own Int64 or Pair, as the server documents them: a bigint key
+// is split into its high and low halves (objsubid 1), and a pair of
+// integers is kept (objsubid 2).
+func grantedArgs(k txlock.Key) []any {
+	if n, ok := k.Int64(); ok {
+		return []any{int64(uint32(uint64(n) >> 32)), int64(uint32(n)), 1}
+	}
+	a, b, _ := k.Pair()
+	return []any{int64(uint32(a)), int64(uint32(b)), 2}
+}
+
+// ClashingNames returns two keyspace names whose namespaces are equal,
+// found by a birthday search (about 2^16 hashes).
+func ClashingNames(t testing.TB) (string, string) {
+	t.Helper()
+	seen := make(map[int32]string, 1<<17)
+	for i := range 1 << 20 {
+		name := fmt.Sprintf("service-%d", i)
+		ns := txlock.NewKeyspace(name).Namespace()
+		if other, ok := seen[ns]; ok {
+			return other, name
+		}
+		seen[ns] = name
+	}
+	t.Fatal("no two names of 2^20 share a namespace")
+	return "", ""
 }
 
 // RequireNoAdvisoryLocks fails the test unless, within 5 seconds, no
