@@ -21,7 +21,7 @@ import (
 // acquireTerm is AcquireTerm's, with try TryAcquireTerm's: a term on db,
 // whose attempts database/sql makes. lockerOpts are a Locker's options, if
 // the call is a Locker's.
-func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts, opts []Option, try bool) (*Term, error) {
+func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts []TermOption, try bool) (*Term, error) {
 	t := &Term{key: key}
 	if err := t.setup(lockerOpts, opts); err != nil {
 		return nil, err
@@ -49,7 +49,7 @@ func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts, opts []Option,
 // driver.TermTx. lockerOpts are the options of the driver's Locker, if the
 // call is one of its methods (nil otherwise): an error about one of them
 // says that it was given to New. opts follow them.
-func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, lockerOpts []Option, opts ...Option) (*Term, error) {
+func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, lockerOpts []Option, opts ...TermOption) (*Term, error) {
 	t := &Term{key: key}
 	if err := t.setup(lockerOpts, opts); err != nil {
 		return nil, err
@@ -75,14 +75,14 @@ func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, locke
 
 // setup reads a term's options: asTerm's defaults, then the Locker's, then
 // the call's.
-func (t *Term) setup(lockerOpts, opts []Option) error {
+func (t *Term) setup(lockerOpts []Option, opts []TermOption) error {
 	all := make([]Option, 0, 2+len(lockerOpts)+len(opts))
 	all = append(all, asTerm)
 	if lockerOpts != nil {
 		all = append(append(all, lockerOpts...), fromLocker)
 	}
 	c := &t.c
-	if err := c.init(append(all, opts...), false); err != nil {
+	if err := c.init(append(all, termOptions(opts)...), false); err != nil {
 		return err
 	}
 	if err := c.termOptions(); err != nil {

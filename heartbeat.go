@@ -122,15 +122,14 @@ func (h Heartbeat) Validate() error {
 func (h Heartbeat) localTTL() time.Duration { return h.TTL - h.TTL/100 }
 
 // WithHeartbeat sets the heartbeat of a term (AcquireTerm, TryAcquireTerm,
-// Lead): see Heartbeat. Other calls refuse it.
-func WithHeartbeat(h Heartbeat) Option {
-	return func(c *config) {
+// Lead): see Heartbeat.
+func WithHeartbeat(h Heartbeat) TermOption {
+	return termOption(func(c *config) {
 		if err := h.Validate(); err != nil {
 			c.fail("%s", trimPrefix(err))
 		}
 		c.heartbeat = h
-		c.onlyTerm = append(c.onlyTerm, "WithHeartbeat")
-	}
+	})
 }
 
 // since is the time since the lock statement was sent, on the monotonic

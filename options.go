@@ -24,6 +24,35 @@ const serializationRetries = 3
 // ErrInvalidArgument.
 type Option func(*config)
 
+// A TermOption configures a term (AcquireTerm, TryAcquireTerm, Lead): an
+// Option, or one of the term's own, WithHeartbeat and WithTermFencer, which
+// no other call takes. A term refuses some Options (see AcquireTerm).
+type TermOption interface{ applyTerm(*config) }
+
+func (o Option) applyTerm(c *config) { o(c) }
+
+// termOption is an option of terms only.
+type termOption func(*config)
+
+func (o termOption) applyTerm(c *config) { o(c) }
+
+// termOptions returns opts as Options, for config.init; a nil one is
+// refused there.
+func termOptions(opts []TermOption) []Option {
+	all := make([]Option, 0, len(opts))
+	for _, o := range opts {
+		switch o := o.(type) {
+		case Option:
+			all = append(all, o)
+		case termOption:
+			all = append(all, Option(o))
+		default: // nil
+			all = append(all, nil)
+		}
+	}
+	return all
+}
+
 // waitMode is how a call of these options waits for a busy lock: try
 // makes one attempt.
 func (c *config) waitMode(try bool) waitMode {
@@ -60,12 +89,10 @@ type config struct {
 	fencing       bool     // WithFencing: a draw connection is set aside before the lock
 	onlyOwnTx     []string // options that make no sense inside a caller's tx
 	// term is set for AcquireTerm, TryAcquireTerm and Lead (see term.go);
-	// heartbeat and fencer are their options, and onlyTerm names the
-	// options given that apply only to them.
+	// heartbeat and fencer are their options.
 	term      bool
 	heartbeat Heartbeat
 	fencer    Fencer
-	onlyTerm  []string
 	fromNew   []string // the options a term refuses that a Locker's New set (see fromLocker)
 	errs      []error
 }
@@ -277,11 +304,6 @@ func (c *config) init(opts []Option, inTx bool) error {
 	if inTx {
 		for _, name := range c.onlyOwnTx {
 			c.fail("%s does not apply inside a caller's transaction (LockTx, TryLockTx)", name)
-		}
-	}
-	if !c.term {
-		for _, name := range c.onlyTerm {
-			c.fail("%s applies only to terms (AcquireTerm, TryAcquireTerm, Lead); give it to those calls", name)
 		}
 	}
 	if err := errors.Join(c.errs...); err != nil {

@@ -325,7 +325,10 @@ func termCall(lead bool) func(context.Context, *sql.DB, []txlock.Key, func(conte
 		}
 		// Heartbeats every 50ms, each with a Timeout and the term a TTL that
 		// a loaded machine's pause of a second cannot reach.
-		opts = append(opts, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 50 * time.Millisecond, Timeout: 3 * time.Second, TTL: 4 * time.Second}))
+		termOpts := []txlock.TermOption{txlock.WithHeartbeat(txlock.Heartbeat{Interval: 50 * time.Millisecond, Timeout: 3 * time.Second, TTL: 4 * time.Second})}
+		for _, o := range opts {
+			termOpts = append(termOpts, o)
+		}
 		run := func(ctx context.Context, t *txlock.Term) error {
 			time.Sleep(200 * time.Millisecond) // heartbeats
 			if err := t.Err(); err != nil {
@@ -334,9 +337,9 @@ func termCall(lead bool) func(context.Context, *sql.DB, []txlock.Key, func(conte
 			return fn(ctx, nil)
 		}
 		if lead {
-			return txlock.Lead(ctx, db, keys[0], run, opts...)
+			return txlock.Lead(ctx, db, keys[0], run, termOpts...)
 		}
-		t, err := txlock.AcquireTerm(ctx, db, keys[0], opts...)
+		t, err := txlock.AcquireTerm(ctx, db, keys[0], termOpts...)
 		if err != nil {
 			return err
 		}

@@ -19,16 +19,15 @@ import (
 // fails or none succeeds for the TTL.
 
 // WithTermFencer sets the Fencer a term draws its fencing token from (the
-// zero Fencer's sequence without it). Other calls refuse it; inside
-// WithLock's fn, call the Fencer's Token method instead.
-func WithTermFencer(f Fencer) Option {
-	return func(c *config) {
+// zero Fencer's sequence without it). Inside WithLock's fn, call the
+// Fencer's Token method instead.
+func WithTermFencer(f Fencer) TermOption {
+	return termOption(func(c *config) {
 		if _, err := f.sequence(); err != nil {
 			c.fail("WithTermFencer: %s", trimPrefix(err))
 		}
 		c.fencer = f
-		c.onlyTerm = append(c.onlyTerm, "WithTermFencer")
-	}
+	})
 }
 
 // asTerm is the first option of every term call: it marks the call, and
@@ -173,14 +172,14 @@ func (c *termContext) String() string { return "txlock.termContext" }
 // connection), WithMaxHold (the heartbeat bounds a term), WithFailOpen and
 // WithSerializationRetries are refused with ErrInvalidArgument, and so, by
 // the Locker's methods, is a Locker whose New was given one of them.
-func AcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
+func AcquireTerm(ctx context.Context, db DB, key Key, opts ...TermOption) (*Term, error) {
 	return acquireTerm(ctx, db, key, nil, opts, false)
 }
 
 // TryAcquireTerm makes one attempt at key, and starts a term if the lock is
 // granted, as AcquireTerm does. If another session holds the lock, it
 // returns a nil Term and a nil error. It never queues or waits.
-func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term, error) {
+func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...TermOption) (*Term, error) {
 	return acquireTerm(ctx, db, key, nil, opts, true)
 }
 
@@ -216,7 +215,7 @@ func TryAcquireTerm(ctx context.Context, db DB, key Key, opts ...Option) (*Term,
 //
 // Inside fn, ctx is also a txlock fn context: FenceToken(ctx) returns the
 // term's token, and LockFromContext and Held describe the term.
-func Lead(ctx context.Context, db DB, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
+func Lead(ctx context.Context, db DB, key Key, fn func(ctx context.Context, t *Term) error, opts ...TermOption) error {
 	if fn == nil {
 		return errNilLeadFn
 	}
@@ -229,7 +228,7 @@ func Lead(ctx context.Context, db DB, key Key, fn func(ctx context.Context, t *T
 
 // DriverLead is Lead for a term whose attempts a driver makes: see
 // DriverTerm.
-func DriverLead(ctx context.Context, a driver.Acquirer, key Key, fn func(ctx context.Context, t *Term) error, lockerOpts []Option, opts ...Option) error {
+func DriverLead(ctx context.Context, a driver.Acquirer, key Key, fn func(ctx context.Context, t *Term) error, lockerOpts []Option, opts ...TermOption) error {
 	if fn == nil {
 		return errNilLeadFn
 	}
@@ -442,17 +441,17 @@ func (t *Term) Release(ctx context.Context) error {
 }
 
 // AcquireTerm is AcquireTerm on the Locker's db.
-func (l *Locker) AcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
+func (l *Locker) AcquireTerm(ctx context.Context, key Key, opts ...TermOption) (*Term, error) {
 	return acquireTerm(ctx, l.db, key, l.opts, opts, false)
 }
 
 // TryAcquireTerm is TryAcquireTerm on the Locker's db.
-func (l *Locker) TryAcquireTerm(ctx context.Context, key Key, opts ...Option) (*Term, error) {
+func (l *Locker) TryAcquireTerm(ctx context.Context, key Key, opts ...TermOption) (*Term, error) {
 	return acquireTerm(ctx, l.db, key, l.opts, opts, true)
 }
 
 // Lead is Lead on the Locker's db.
-func (l *Locker) Lead(ctx context.Context, key Key, fn func(ctx context.Context, t *Term) error, opts ...Option) error {
+func (l *Locker) Lead(ctx context.Context, key Key, fn func(ctx context.Context, t *Term) error, opts ...TermOption) error {
 	if fn == nil {
 		return errNilLeadFn
 	}

@@ -155,7 +155,7 @@ func TestTermOptionsRefused(t *testing.T) {
 	key := txlock.StringKey(uniq(t))
 	for _, c := range []struct {
 		name string
-		opt  txlock.Option
+		opt  txlock.TermOption
 		want string
 	}{
 		{"WithShared", txlock.WithShared(), "WithShared does not apply to a term"},
@@ -184,14 +184,12 @@ func TestTermOptionsRefused(t *testing.T) {
 			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 		})
 	}
-	t.Run("term options elsewhere", func(t *testing.T) {
-		for _, opt := range []txlock.Option{txlock.WithHeartbeat(txlock.Heartbeat{}), txlock.WithTermFencer(txlock.Fencer{})} {
-			err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil }, opt)
-			require.ErrorIs(t, err, txlock.ErrInvalidArgument)
-			assert.Contains(t, err.Error(), "applies only to terms")
-			_, err = txlock.New(db, opt)
-			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
-		}
+	t.Run("nil TermOption", func(t *testing.T) {
+		var none txlock.TermOption
+		_, err := txlock.AcquireTerm(ctx, db, key, none)
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+		_, err = txlock.AcquireTerm(ctx, db, key, txlock.Option(nil))
+		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	})
 	t.Run("from New", func(t *testing.T) {
 		for _, c := range []struct {

@@ -24,8 +24,7 @@ func TestLockerBadInput(t *testing.T) {
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	assert.ErrorContains(t, err, "pool is nil")
 	for name, opt := range map[string]txlock.Option{
-		"bad option":  txlock.WithTimeout(-1),
-		"term option": txlock.WithHeartbeat(txlock.Heartbeat{}),
+		"bad option": txlock.WithTimeout(-1),
 	} {
 		_, err := pgxlock.New(pool, opt)
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, name)

@@ -685,13 +685,12 @@ func TestBadInput(t *testing.T) {
 	fn := func(context.Context, pgx.Tx) error { return nil }
 	var nilPool *pgxpool.Pool
 	for name, err := range map[string]error{
-		"nil pool":     pgxlock.WithLock(context.Background(), nilPool, txlock.Int64Key(1), fn),
-		"nil fn":       pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), nil),
-		"zero key":     pgxlock.WithLock(context.Background(), pool, txlock.Key{}, fn),
-		"no keys":      pgxlock.WithLocks(context.Background(), pool, nil, fn),
-		"bad option":   pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTimeout(-1)),
-		"bad level":    pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSnapshot})),
-		"term options": pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithHeartbeat(txlock.Heartbeat{})),
+		"nil pool":   pgxlock.WithLock(context.Background(), nilPool, txlock.Int64Key(1), fn),
+		"nil fn":     pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), nil),
+		"zero key":   pgxlock.WithLock(context.Background(), pool, txlock.Key{}, fn),
+		"no keys":    pgxlock.WithLocks(context.Background(), pool, nil, fn),
+		"bad option": pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTimeout(-1)),
+		"bad level":  pgxlock.WithLock(context.Background(), pool, txlock.Int64Key(1), fn, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSnapshot})),
 	} {
 		t.Run(name, func(t *testing.T) {
 			require.Error(t, err)

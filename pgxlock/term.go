@@ -17,7 +17,7 @@ import (
 // spare for the fencing token's draw (or txlock.WithFencing) when the term
 // starts. The statements of a term take no arguments, so pgx sends them
 // with the simple protocol in every exec mode, behind PgBouncer too.
-func AcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.Option) (*txlock.Term, error) {
+func AcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
 	a, err := termAcquirer(db)
 	if err != nil {
 		return nil, err
@@ -28,7 +28,7 @@ func AcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock
 // TryAcquireTerm makes one attempt at key, and starts a term if the lock
 // is granted: txlock.TryAcquireTerm. If another session holds the lock, it
 // returns a nil Term and a nil error.
-func TryAcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.Option) (*txlock.Term, error) {
+func TryAcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
 	a, err := termAcquirer(db)
 	if err != nil {
 		return nil, err
@@ -38,7 +38,7 @@ func TryAcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txl
 
 // Lead campaigns for key as AcquireTerm does and, once elected, runs fn
 // with the term, then releases it: txlock.Lead.
-func Lead[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.Option) error {
+func Lead[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.TermOption) error {
 	a, err := termAcquirer(db)
 	if err != nil {
 		return err
@@ -47,17 +47,17 @@ func Lead[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.C
 }
 
 // AcquireTerm is AcquireTerm on the Locker's pool.
-func (l *Locker) AcquireTerm(ctx context.Context, key txlock.Key, opts ...txlock.Option) (*txlock.Term, error) {
+func (l *Locker) AcquireTerm(ctx context.Context, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
 	return txlock.DriverTerm(ctx, &acquirer{pool: l.pool}, key, false, l.opts, opts...)
 }
 
 // TryAcquireTerm is TryAcquireTerm on the Locker's pool.
-func (l *Locker) TryAcquireTerm(ctx context.Context, key txlock.Key, opts ...txlock.Option) (*txlock.Term, error) {
+func (l *Locker) TryAcquireTerm(ctx context.Context, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
 	return txlock.DriverTerm(ctx, &acquirer{pool: l.pool}, key, true, l.opts, opts...)
 }
 
 // Lead is Lead on the Locker's pool.
-func (l *Locker) Lead(ctx context.Context, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.Option) error {
+func (l *Locker) Lead(ctx context.Context, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.TermOption) error {
 	return txlock.DriverLead(ctx, &acquirer{pool: l.pool}, key, fn, l.opts, opts...)
 }
 

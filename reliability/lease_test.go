@@ -80,10 +80,10 @@ type candidate struct {
 
 // campaign starts a candidate. onWin, if not nil, runs first thing in each
 // term's fn. The candidate is stopped when the test ends, if not before.
-func campaign(t *testing.T, name string, db *sql.DB, key txlock.Key, onWin func(w *wonTerm), opts ...txlock.Option) *candidate {
+func campaign(t *testing.T, name string, db *sql.DB, key txlock.Key, onWin func(w *wonTerm), opts ...txlock.TermOption) *candidate {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &candidate{name: name, won: make(chan *wonTerm, 16), cancel: cancel, done: make(chan struct{}), onWin: onWin}
-	opts = append([]txlock.Option{txlock.WithHeartbeat(leaseBeat), leasePoll}, opts...)
+	opts = append([]txlock.TermOption{txlock.WithHeartbeat(leaseBeat), leasePoll}, opts...)
 	go func() {
 		defer close(c.done)
 		for ctx.Err() == nil {
