@@ -51,7 +51,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	c := a.c
 	stmt := a.stmt
 	if b.window > 0 {
-		stmt = waitStatement(a.keys, c.shared, c.maxHold, b.window)
+		stmt = quietWaitStatement(a.keys, c.shared, c.maxHold, b.window)
 	}
 	if b.waitCtx == nil && c.maxHold == 0 && !c.term {
 		if d, ok := ctx.Deadline(); ok && !d.After(b.deadline) {
@@ -266,8 +266,6 @@ func classify(err error) (outcome, error) {
 	switch {
 	case isStandbyError(err):
 		return standby, nil
-	case isBusyError(err):
-		return busy, nil
 	case isIsolationError(err):
 		return busy, errServerWaitIsolation(err)
 	case isTermIsolationError(err):

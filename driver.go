@@ -70,8 +70,8 @@ type driverAcquirer struct {
 	c     *config
 	keys  []Key
 	begin string // the BEGIN of the call's transactions
-	query string // a polling attempt's query: see plan
-	stmt  string // a term's lock statement, sent after begin; then query is empty
+	stmt  string // a polling attempt's lock statement: the WithLock family's, or a term's
+	query string // begin and stmt, in one string
 	h     holder // the granted lock
 	// attemptBound, if not 0, bounds each attempt, as ownTx's does.
 	attemptBound time.Duration
@@ -80,14 +80,10 @@ type driverAcquirer struct {
 var _ acquirer = (*driverAcquirer)(nil)
 
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
-	at := driver.Request{Begin: d.begin, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
-	switch {
-	case b.window > 0:
-		at.Window, at.Stmt = b.window, waitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
-	case d.stmt != "":
-		at.Stmt = d.stmt
-	default:
-		at.Query = d.query
+	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
+	if b.window > 0 {
+		at.Window, at.Stmt = b.window, quietWaitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
+		at.Query = d.begin + "; " + at.Stmt
 	}
 	var bounded time.Time // the attempt's bound, if it comes before the wait's deadline
 	if d.attemptBound > 0 {
@@ -122,12 +118,19 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 		return classifyOwn(r.Err)
 	case isNil(tx):
 		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
-	case at.Query == "": // Stmt reports its outcome in its row count
+	default:
 		out, err = rowsOutcome(r.Rows)
 	}
-	if out == granted && err == nil && ctx.Err() != nil {
+	switch {
+	case out != granted || err != nil:
+	case ctx.Err() != nil:
 		// ctx ended as the lock was granted: fn must not start.
 		out, err = busy, ctx.Err()
+	case !bounded.IsZero() && !time.Now().Before(bounded):
+		// The grant came after the attempt's bound (the driver cuts the
+		// connection off only a little later): as ownTx does, the attempt
+		// has failed.
+		out, err = busy, overran(d.attemptBound, context.DeadlineExceeded)
 	}
 	if out != granted || err != nil {
 		_ = tx.Rollback()
@@ -221,45 +224,36 @@ func (d driverDrawConn) close() { d.c.Close() }
 // the default strategy's window in the server (see config.headWindow).
 func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
 
-// plan builds what the call sends: its BEGIN, and its polling query,
-// which is the lock statement (formFailBusy) and the BEGIN in one string. The lock statement comes first, so that a busy lock ends the
-// query before the BEGIN and leaves the connection in no transaction,
-// unless the transaction has an explicit isolation level: PostgreSQL
-// refuses to set one once a query has run in the transaction, so BEGIN
-// then comes first, and a busy attempt leaves the transaction aborted,
-// for the driver to roll back.
+// plan builds what the call sends: its BEGIN, and its polling attempt's
+// lock statement (a term's, or the WithLock family's), and the two in one
+// string.
 func (d *driverAcquirer) plan() error {
 	c := d.c
 	d.begin = "BEGIN"
-	beginFirst := false
 	if o := c.txOpts; o != nil {
-		level := ""
 		switch o.Isolation {
 		case sql.LevelDefault:
 		case sql.LevelReadUncommitted:
-			level = " ISOLATION LEVEL READ UNCOMMITTED"
+			d.begin += " ISOLATION LEVEL READ UNCOMMITTED"
 		case sql.LevelReadCommitted:
-			level = " ISOLATION LEVEL READ COMMITTED"
+			d.begin += " ISOLATION LEVEL READ COMMITTED"
 		case sql.LevelRepeatableRead:
-			level = " ISOLATION LEVEL REPEATABLE READ"
+			d.begin += " ISOLATION LEVEL REPEATABLE READ"
 		case sql.LevelSerializable:
-			level = " ISOLATION LEVEL SERIALIZABLE"
+			d.begin += " ISOLATION LEVEL SERIALIZABLE"
 		default:
 			return fmt.Errorf("%w: WithTxOptions: PostgreSQL has no isolation level %v", ErrInvalidArgument, o.Isolation)
 		}
-		d.begin += level
 		if o.ReadOnly {
 			d.begin += " READ ONLY"
 		}
-		beginFirst = level != ""
 	}
-	switch {
-	case d.stmt != "": // a term's: sent after begin
-	case beginFirst:
-		d.query = d.begin + "; " + lockStatement(d.keys, c.shared, c.maxHold, formFailBusy)
-	default:
-		d.query = lockStatement(d.keys, c.shared, c.maxHold, formFailBusy, "; "+d.begin)
+	if d.stmt == "" { // one allocation: the statement is the query's tail
+		d.query = lockStatement(d.keys, c.shared, c.maxHold, formOwnTx, d.begin, "; ")
+	} else {
+		d.query = d.begin + "; " + d.stmt
 	}
+	d.stmt = d.query[len(d.begin)+2:]
 	return nil
 }
 

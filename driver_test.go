@@ -88,7 +88,7 @@ func TestDriverOutcomes(t *testing.T) {
 		assert.Equal(t, time.Millisecond, a.Window)
 		assert.Contains(t, a.Stmt, "pg_catalog.pg_advisory_xact_lock")
 		assert.Equal(t, "BEGIN", a.Begin)
-		assert.Empty(t, a.Query, "a window sends Begin, then Stmt")
+		assert.Equal(t, a.Begin+"; "+a.Stmt, a.Query)
 	}
 
 	d = &fakeDriver{}
@@ -97,16 +97,23 @@ func TestDriverOutcomes(t *testing.T) {
 	assert.ErrorIs(t, err, txlock.ErrStandby)
 	assert.Equal(t, []string{"standby rollback", "standby close"}, d.log)
 
-	// A polling query that succeeds is a grant, whatever its rows; one
-	// that fails with an error that is neither busy nor standby fails
-	// the call, with nothing left to end.
+	// A polling attempt's rows decide too: none is a busy lock, which the
+	// try reports, having ended its transaction; one is a grant. Its query
+	// is BEGIN, then the lock statement. One that fails with an error that
+	// is neither busy nor standby fails the call, with nothing left to end.
 	d = &fakeDriver{}
-	d.results = []driver.Result{{Tx: d.tx("polled")}}
+	d.results = []driver.Result{{Tx: d.tx("busy")}}
+	ok, err = txlock.DriverLock(ctx, d, []txlock.Key{key}, true)
+	require.NoError(t, err)
+	assert.False(t, ok)
+	assert.Equal(t, []string{"busy rollback", "busy close"}, d.log)
+	d = &fakeDriver{}
+	d.results = []driver.Result{{Tx: d.tx("polled"), Rows: 1}}
 	ok, err = txlock.DriverLock(ctx, d, []txlock.Key{key}, true)
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, []string{"polled fn", "polled commit", "polled close"}, d.log)
-	assert.Contains(t, d.sent[0].Query, "; BEGIN")
+	assert.Equal(t, "BEGIN; "+d.sent[0].Stmt, d.sent[0].Query)
 
 	d = &fakeDriver{}
 	boom := errors.New("fake: connection reset")
@@ -162,7 +169,7 @@ func TestDriverContractEdges(t *testing.T) {
 
 	d := &fakeDriver{}
 	var tokenErr error
-	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "granted", fn: func(ctx context.Context) error {
+	d.results = []driver.Result{{Rows: 1, Tx: &fakeTx{d: d, name: "granted", fn: func(ctx context.Context) error {
 		_, tokenErr = txlock.FenceToken(ctx)
 		return nil
 	}}}}
@@ -189,7 +196,7 @@ func TestDriverContractEdges(t *testing.T) {
 	assert.Equal(t, []string{"stray rollback", "stray close"}, d.log)
 
 	d = &fakeDriver{}
-	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "failed", commitErr: fmt.Errorf("%w: fake", driver.ErrCommitRolledBack)}}}
+	d.results = []driver.Result{{Rows: 1, Tx: &fakeTx{d: d, name: "failed", commitErr: fmt.Errorf("%w: fake", driver.ErrCommitRolledBack)}}}
 	_, err = txlock.DriverLock(ctx, d, keys, true)
 	assert.ErrorIs(t, err, txlock.ErrCommitFailed)
 	assert.ErrorContains(t, err, "COMMIT rolled it back")
@@ -216,7 +223,7 @@ func TestDriverFnEndedTxAfterItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := &fakeDriver{}
-	d.results = []driver.Result{{Tx: &fakeTx{d: d, name: "granted", rollbackErr: driver.ErrTxDone, fn: func(context.Context) error {
+	d.results = []driver.Result{{Rows: 1, Tx: &fakeTx{d: d, name: "granted", rollbackErr: driver.ErrTxDone, fn: func(context.Context) error {
 		cancel() // the caller's context ends while fn runs
 		return nil
 	}}}}
@@ -225,4 +232,30 @@ func TestDriverFnEndedTxAfterItsContext(t *testing.T) {
 	assert.ErrorIs(t, err, txlock.ErrFnEndedTx)
 	assert.NotContains(t, err.Error(), "rolled back")
 	assert.Equal(t, []string{"granted fn", "granted rollback", "granted close"}, d.log)
+}
+
+// slowDriver answers its attempt with a grant, but only after the
+// attempt's deadline has passed.
+type slowDriver struct{ fakeDriver }
+
+func (d *slowDriver) Attempt(ctx context.Context, a driver.Request) (driver.Result, error) {
+	time.Sleep(time.Until(a.Deadline) + 50*time.Millisecond)
+	return d.fakeDriver.Attempt(ctx, a)
+}
+
+// A term's attempt is bounded by its TTL on a driver too: a grant that
+// comes after the bound is rolled back, and the campaign fails with an
+// error that says the attempt did not return in time.
+func TestDriverTermAttemptBound(t *testing.T) {
+	d := &slowDriver{}
+	d.results = []driver.Result{{Tx: d.tx("late"), Rows: 1}}
+	ttl := 300 * time.Millisecond
+	term, err := txlock.DriverTerm(context.Background(), d, txlock.Int64Key(1), false, nil,
+		txlock.WithHeartbeat(txlock.Heartbeat{Interval: ttl / 3, TTL: ttl}))
+	assert.Nil(t, term)
+	require.Error(t, err)
+	assert.ErrorContains(t, err, "did not return within 300ms")
+	assert.Equal(t, []string{"late rollback", "late close"}, d.log)
+	require.Len(t, d.sent, 1)
+	assert.Equal(t, "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; "+d.sent[0].Stmt, d.sent[0].Query)
 }

@@ -63,5 +63,4 @@ func AgeTerm(t *Term, d time.Duration) { t.lastOK.Store(int64(t.since() - d)) }
 const (
 	FormOwnTx    = formOwnTx
 	FormCallerTx = formCallerTx
-	FormFailBusy = formFailBusy
 )

@@ -219,7 +219,7 @@ func (t *sqlHeld) Exec(ctx context.Context, stmt string) error {
 func (t *sqlHeld) RollbackContext(ctx context.Context) error {
 	switch {
 	case t.cancel == nil:
-	case ctx.Err() != nil: // before the rollback, which then is not sent
+	case ctx.Err() != nil: // before the rollback: the driver, not this call, ends the transaction
 		t.cancel(context.Cause(ctx))
 	default:
 		stop := context.AfterFunc(ctx, func() { t.cancel(context.Cause(ctx)) })

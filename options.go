@@ -46,8 +46,10 @@ func termOptions(opts []TermOption) []Option {
 			all = append(all, o)
 		case termOption:
 			all = append(all, Option(o))
-		default: // nil
+		case nil:
 			all = append(all, nil)
+		default: // a type that embeds a TermOption
+			all = append(all, o.applyTerm)
 		}
 	}
 	return all

@@ -125,10 +125,11 @@ func (r Registry) Create(ctx context.Context, db interface {
 // register (ErrInvalidArgument), and an invalid one returns its own error
 // (ErrInvalidKey).
 func (r Registry) Register(ctx context.Context, db Querier, ks Keyspace) error {
-	if isNil(db) {
-		return fmt.Errorf("%w: Registry.Register: db is nil", ErrInvalidArgument)
+	var q driver.Querier
+	if !isNil(db) {
+		q = sqlQuerier{db}
 	}
-	return r.On(sqlQuerier{db}).Register(ctx, ks)
+	return r.On(q).Register(ctx, ks)
 }
 
 // Keyspaces returns the registered keyspaces, ordered by name, as
@@ -137,10 +138,11 @@ func (r Registry) Register(ctx context.Context, db Querier, ks Keyspace) error {
 func (r Registry) Keyspaces(ctx context.Context, db interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }) ([]Keyspace, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: Registry.Keyspaces: db is nil", ErrInvalidArgument)
+	var q driver.Querier
+	if !isNil(db) {
+		q = rowsQuerier{db}
 	}
-	return r.On(rowsQuerier{db}).Keyspaces(ctx)
+	return r.On(q).Keyspaces(ctx)
 }
 
 // On returns r's Register and Keyspaces on q, a connection or transaction

@@ -56,16 +56,6 @@ import (
 // The set-returning function costs the server about as much again as the
 // lock itself, which is why txlock's own transactions use the first form.
 //
-// For a driver that sends the statement in one query with its BEGIN
-// (pgxlock), where only an error stops the query before the BEGIN, a busy
-// lock fails the statement too (22P02, carrying busyMarker), and a grant
-// returns its row:
-//
-//	SELECT 1 WHERE CASE
-//	  WHEN pg_catalog.pg_is_in_recovery() THEN ...
-//	  WHEN <the locks> THEN true
-//	  ELSE CAST(pg_catalog.set_config('txlock.busy', '<busyMarker>', true) AS integer) IS NULL END
-//
 // With a hold bound, a branch before the locks sets
 // idle_in_transaction_session_timeout for the transaction. It comes first so
 // that it covers every attempt: a partial grant of several keys, too, holds a
@@ -82,21 +72,20 @@ import (
 //	  WHEN CASE ... pg_catalog.set_config('transaction_timeout', '<ms + margin>', true) ... END THEN false
 //	  ELSE true END
 //
-// A suffix, if given, is appended to the statement in the same allocation.
-func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, suffix ...string) string {
+// A prefix, if given, comes before the statement, in the same allocation.
+func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, prefix ...string) string {
 	fn := "pg_catalog.pg_try_advisory_xact_lock("
 	if shared {
 		fn = "pg_catalog.pg_try_advisory_xact_lock_shared("
 	}
 	no, yes, elseYes := " THEN 0", " THEN 1 ELSE 0 END)", " ELSE 1 END)"
-	busyNo := no       // the branch of a busy lock, under a hold bound
 	var buf [1280]byte // one key's statement fits, with a hold bound too: building it costs only the string
 	b := buf[:0]
+	for _, x := range prefix {
+		b = append(b, x...)
+	}
 	if f != formCallerTx {
-		no, yes, elseYes, busyNo = " THEN false", " THEN true ELSE false END", " ELSE true END", " THEN false"
-		if f == formFailBusy {
-			yes, busyNo = " THEN true ELSE "+failBusy+" END", " THEN "+failBusy
-		}
+		no, yes, elseYes = " THEN false", " THEN true ELSE false END", " ELSE true END"
 		b = append(b, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"...)
 	} else {
 		b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"...)
@@ -118,12 +107,9 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, s
 		b = append(b, yes...)
 	} else {
 		b = append(b, ')')
-		b = append(b, busyNo...)
+		b = append(b, no...)
 		b = appendTxTimeout(b, maxHold, no)
 		b = append(b, elseYes...)
-	}
-	for _, x := range suffix {
-		b = append(b, x...)
 	}
 	return string(b)
 }
@@ -134,11 +120,7 @@ type stmtForm uint8
 const (
 	formOwnTx    stmtForm = iota // txlock's own transaction: a row if granted, none if busy, an error on a standby
 	formCallerTx                 // a caller's transaction (LockTx): 1 row if granted, 0 if busy, 2 on a standby
-	formFailBusy                 // sent with its BEGIN: a row if granted, an error if busy or on a standby
 )
-
-// failBusy is the busy branch of formFailBusy.
-const failBusy = "CAST(pg_catalog.set_config('txlock.busy', '" + busyMarker + "', true) AS integer) IS NULL"
 
 // waitStatement builds the statement of a ServerWait attempt, which waits
 // for the locks in the server's queue for at most window. Its rows mean what
@@ -203,6 +185,34 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 	b = appendTxTimeout(b, maxHold, " THEN 0")
 	b = append(b, " WHEN pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0 ELSE 1 END)"...)
 	return string(b)
+}
+
+// quietWaitStatement is waitStatement for a transaction of txlock's own,
+// in a form whose end of window the server does not log: a DO block runs
+// the wait, and its exception handler catches the window's end
+// (lock_timeout, 55P03) and a deadlock among the waits (40P01), which roll
+// back only the block's subtransaction, the set_config calls and any lock
+// it was granted with them. An error that a handler catches is not written
+// to the server's log, whereas one that ends a statement is, with the
+// statement's whole text: on a hot key, one per window. The block's
+// outcome, the row count of waitStatement, is kept in a setting of the
+// transaction, which the statement after it turns back into rows:
+//
+//	DO $txlock$BEGIN PERFORM pg_catalog.set_config('txlock.outcome', CAST((SELECT pg_catalog.count(*) FROM (<waitStatement>) AS w) AS pg_catalog.text), true);
+//	EXCEPTION WHEN lock_not_available OR deadlock_detected THEN PERFORM pg_catalog.set_config('txlock.outcome', '0', true); END$txlock$;
+//	SELECT 1 FROM pg_catalog.generate_series(1, CAST(pg_catalog.current_setting('txlock.outcome') AS integer))
+//
+// A block whose wait is granted commits its subtransaction, which hands the
+// locks to the transaction, until it ends; a subtransaction that writes
+// nothing is given no transaction id. The statement is sent with the simple
+// protocol, as all of them are, which runs its parts in one round trip.
+// The isolation level's refusal is not caught: it ends the statement as
+// waitStatement's does.
+func quietWaitStatement(keys []Key, shared bool, maxHold, window time.Duration) string {
+	return "DO $txlock$BEGIN PERFORM pg_catalog.set_config('txlock.outcome', CAST((SELECT pg_catalog.count(*) FROM (" +
+		waitStatement(keys, shared, maxHold, window) +
+		") AS w) AS pg_catalog.text), true); EXCEPTION WHEN lock_not_available OR deadlock_detected THEN PERFORM pg_catalog.set_config('txlock.outcome', '0', true); END$txlock$;" +
+		" SELECT 1 FROM pg_catalog.generate_series(1, CAST(pg_catalog.current_setting('txlock.outcome') AS integer))"
 }
 
 // The statements around a ServerWait attempt in a caller's transaction
@@ -380,11 +390,10 @@ const heartbeatStatement = "SELECT 1"
 
 // The statements report what is not a lock result through errors whose
 // text carries a marker: a standby (lockStatement in txlock's own
-// transaction), a busy lock (formFailBusy) and a refused isolation level
-// (waitStatement, termStatement).
+// transaction) and a refused isolation level (waitStatement,
+// termStatement).
 const (
 	standbyMarker       = "txlock: the server is in recovery, no lock was attempted"
-	busyMarker          = "txlock: the lock is busy"
 	isolationMarker     = "txlock: ServerWait refused, the transaction is "
 	termIsolationMarker = "txlock: a term needs read committed, the transaction is "
 )
@@ -392,11 +401,6 @@ const (
 // isStandbyError reports lockStatement's error on a server in recovery.
 func isStandbyError(err error) bool {
 	return SQLState(err) == "22P02" && strings.Contains(err.Error(), standbyMarker)
-}
-
-// isBusyError reports formFailBusy's error for a busy lock.
-func isBusyError(err error) bool {
-	return SQLState(err) == "22P02" && strings.Contains(err.Error(), busyMarker)
 }
 
 // isIsolationError reports waitStatement's refusal of the transaction's

@@ -934,16 +934,6 @@ func TestLockStatementShape(t *testing.T) {
 	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
 		locks+" THEN true ELSE false END", plainOwnTx)
-	// Sent with its BEGIN (pgxlock), a busy lock fails the statement.
-	failBusy := "CAST(pg_catalog.set_config('txlock.busy', 'txlock: the lock is busy', true) AS integer) IS NULL"
-	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
-		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
-		locks+" THEN true ELSE "+failBusy+" END", txlock.LockStatement(keys, true, 0, txlock.FormFailBusy))
-	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
-		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
-		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false"+
-		" WHEN NOT ("+locks+") THEN "+failBusy+txTimeout+" THEN false ELSE true END",
-		txlock.LockStatement(keys, true, 1500*time.Millisecond, txlock.FormFailBusy))
 	// The margin is a tenth of the bound, at least 20ms and at most 1s, and
 	// no value exceeds what the settings accept (2147483647 ms).
 	for d, want := range map[time.Duration][2]string{

@@ -24,9 +24,9 @@ import (
 // An Acquirer makes one call's attempts, on a pool or on one session. An
 // Acquirer on a pool that is also a Drawer supports txlock.WithFencing.
 type Acquirer interface {
-	// Attempt makes one attempt within r: it begins a transaction and
-	// runs the lock statement in it (r.Query, or if it is empty, r.Begin
-	// then r.Stmt), and returns what the server answered. An error means
+	// Attempt makes one attempt within r: it begins a transaction with
+	// r.Begin and runs the lock statement r.Stmt in it (both at once: the
+	// query r.Query), and returns what the server answered. An error means
 	// the statement's answer never came (no connection, a failed BEGIN,
 	// the wait's context): the attempt has then let go of every connection
 	// it took, and left none in a transaction. An attempt must not outlast
@@ -48,18 +48,16 @@ type Request struct {
 	// Begin is the statement that begins the call's transaction (BEGIN,
 	// with the options of txlock.WithTxOptions).
 	Begin string
-	// Query, if not empty, is a polling attempt's query: the lock
-	// statement and Begin in one string, sent as one query with the
-	// simple protocol. A busy lock fails it (SQLSTATE 22P02) before its
-	// BEGIN, unless the transaction has an explicit isolation level: Begin
-	// then comes first, and a busy attempt leaves the transaction aborted,
-	// for the driver to roll back.
-	Query string
-	// Stmt, when Query is empty, is the lock statement: the driver begins
-	// the transaction with Begin, then runs Stmt, which reports its
-	// outcome in its row count (a window in the server's lock queue, or a
-	// term's attempt).
+	// Stmt is the lock statement, to run in the begun transaction. It
+	// reports its outcome in its row count, and fails only for another
+	// cause than a busy lock: a busy attempt is no error, and the server
+	// logs none.
 	Stmt string
+	// Query is Begin and Stmt in one string, for a driver that sends
+	// them as one query with the simple protocol (one round trip). The
+	// transaction it leaves is the attempt's: on a busy lock the lock loop
+	// rolls it back.
+	Query string
 	// Window is how long Stmt may wait in the server's lock queue; 0 when
 	// it does not wait.
 	Window time.Duration
@@ -79,15 +77,14 @@ type Request struct {
 
 // Result is what the server answered an attempt's lock statement.
 type Result struct {
-	// Err is the lock statement's error, if it failed (a busy lock fails
-	// a polling Query on purpose). The attempt has then let go of its
-	// connection, in no transaction.
+	// Err is the lock statement's error, if it failed. The attempt has
+	// then let go of its connection, in no transaction.
 	Err error
 	// Tx is the attempt's transaction, if the statement succeeded: the
 	// lock's, if it was granted; the lock loop ends it otherwise.
 	Tx Tx
-	// Rows is the row count of Stmt. A polling Query that succeeds is a
-	// grant, whatever its rows.
+	// Rows is the row count of Stmt, which says whether the lock was
+	// granted.
 	Rows int64
 }
 

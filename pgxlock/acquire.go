@@ -23,7 +23,8 @@ type acquirer struct {
 	conn *pgx.Conn     // db, if it is one connection
 	fn   func(context.Context, pgx.Tx) error
 
-	tx0 heldTx // the call's first transaction: see held
+	tx0   heldTx    // the call's first transaction: see held
+	batch pgx.Batch // begun's, kept here so that it costs no allocation of its own
 }
 
 var (
@@ -66,11 +67,8 @@ func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result
 	if err != nil {
 		return driver.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
-	if b.Query == "" {
-		return a.inTx(ctx, c, pc, b)
-	}
 	reset := deadline(c, b.Deadline.Add(stallGrace))
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Query})
+	tag, err := c.Exec(ctx, b.Query)
 	reset()
 	if err != nil {
 		a.rollback(ctx, c)
@@ -80,8 +78,32 @@ func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result
 		}
 		return driver.Result{Err: err}, nil
 	}
-	return driver.Result{Tx: a.held(ctx, pc, tx)}, nil
+	return driver.Result{Tx: a.held(ctx, pc, a.begun(ctx, c)), Rows: tag.RowsAffected()}, nil
 }
+
+// begun returns a pgx.Tx for the transaction that c's attempt began, without
+// a round trip: the query of an attempt is BEGIN and the lock statement in
+// one, which pgx's own BeginTx cannot send, as it does not return the lock
+// statement's row count. A Batch begun with BeginTx and then emptied is
+// sent without I/O (pgx sends nothing for an empty batch), and its
+// transaction is a pgx transaction on c, whose Commit and Rollback end what
+// the query began.
+func (a *acquirer) begun(ctx context.Context, c *pgx.Conn) pgx.Tx {
+	a.batch = emptyBegin
+	br := c.SendBatch(ctx, &a.batch)
+	tx := br.Tx()
+	_ = br.Close()
+	return tx
+}
+
+// emptyBegin is a Batch begun with BeginTx, whose BEGIN is taken out: see
+// begun.
+var emptyBegin = func() pgx.Batch {
+	var b pgx.Batch
+	b.BeginTx(pgx.TxOptions{})
+	b.QueuedQueries = nil
+	return b
+}()
 
 // deadline bounds the I/O of c's next statements by t, on the connection
 // itself, as pgx's own context watcher does when a context ends: pgx
@@ -113,30 +135,6 @@ func pastDeadline(err error, deadline time.Time) bool {
 // usable: the grace lets that answer arrive, so that only a connection
 // whose server does not answer is closed (a caller's own *pgx.Conn too).
 const stallGrace = time.Second
-
-// inTx makes an attempt whose lock statement runs in a begun transaction:
-// BEGIN, then the statement (a window in the server's lock queue, or a
-// term's attempt).
-func (a *acquirer) inTx(ctx context.Context, c *pgx.Conn, pc *pgxpool.Conn, b driver.Request) (driver.Result, error) {
-	reset := deadline(c, b.Deadline.Add(stallGrace))
-	tx, err := c.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.Begin})
-	if err != nil {
-		reset()
-		a.release(pc)
-		return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
-	}
-	tag, err := tx.Exec(ctx, b.Stmt)
-	reset()
-	if err != nil {
-		_ = end(ctx, tx)
-		a.release(pc)
-		if pastDeadline(err, b.Deadline) {
-			return driver.Result{}, fmt.Errorf("txlock: the server did not answer by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
-		}
-		return driver.Result{Err: err}, nil
-	}
-	return driver.Result{Tx: a.held(ctx, pc, tx), Rows: tag.RowsAffected()}, nil
-}
 
 // held returns the attempt's transaction, for package txlock to decide
 // on. (The server's side of the hold bound, WithMaxHold, started with the

@@ -7,24 +7,16 @@
 // txlock's documentation of WithLock, LockTx and the options for what they
 // do. What differs is how an attempt reaches the server:
 //
-//   - A polling attempt is one query, sent with the simple protocol whatever
-//     the connection's default_query_exec_mode: the lock statement, then
-//     BEGIN. A busy lock fails the statement (SQLSTATE 22P02, with a text
-//     that says the lock is busy), which ends the query before its BEGIN:
-//     the connection goes back to the pool idle, in no transaction, after
-//     one round trip. A grant goes on into the BEGIN, whose transaction
-//     keeps the lock, and fn runs in it. The server logs each busy attempt
-//     as an error (with log_min_error_statement at its default, with the
-//     statement).
-//   - With WithTxOptions at RepeatableRead or above (or any explicit
-//     level), BEGIN must come first, since the level cannot be set after a
-//     query: the query is BEGIN, then the lock statement, and a busy
-//     attempt costs a ROLLBACK too.
-//   - A wait in the server (each window of txlock.WithServerWait, and the
-//     default strategy's one window per call: see txlock's "Local queues")
-//     is a BEGIN and the waiting statement, as in txlock: a window waits
-//     anyway, and the round trip it could save is not worth an error per
-//     window.
+//   - An attempt is one query, sent with the simple protocol whatever the
+//     connection's default_query_exec_mode: BEGIN (with WithTxOptions'
+//     level, if any), then the lock statement, or the statement that waits
+//     in the server's lock queue (each window of txlock.WithServerWait,
+//     and the default strategy's one window per call: see txlock's "Local
+//     queues"). A grant keeps the transaction that BEGIN began, and fn runs
+//     in it: the lock costs no round trip of its own. A busy lock answers
+//     with no row, and a ROLLBACK, a second round trip, hands the
+//     connection back to the pool idle. No busy attempt is an error, so the
+//     server's log shows none.
 //
 // The application's own queries in fn use the connection's exec mode;
 // behind PgBouncer 1.18 in transaction mode that must be one of the modes

@@ -13,12 +13,13 @@ import (
 // AcquireTerm campaigns for the exclusive lock key until it is granted,
 // then starts a term and returns it: txlock.AcquireTerm, on pgx. The
 // term's transaction, its heartbeats and its rollback run on one
-// connection of db, which must be a *pgxpool.Pool with a connection to
-// spare for the fencing token's draw (or txlock.WithFencing) when the term
-// starts. The statements of a term take no arguments, so pgx sends them
-// with the simple protocol in every exec mode, behind PgBouncer too.
-func AcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
-	a, err := termAcquirer(db)
+// connection of pool, and its fencing token is drawn on another when the
+// term starts (so pool needs a connection to spare then, or
+// txlock.WithFencing): a term takes a pool, never a single connection. The
+// statements of a term take no arguments, so pgx sends them with the
+// simple protocol in every exec mode, behind PgBouncer too.
+func AcquireTerm(ctx context.Context, pool *pgxpool.Pool, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
+	a, err := termAcquirer(pool)
 	if err != nil {
 		return nil, err
 	}
@@ -28,8 +29,8 @@ func AcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock
 // TryAcquireTerm makes one attempt at key, and starts a term if the lock
 // is granted: txlock.TryAcquireTerm. If another session holds the lock, it
 // returns a nil Term and a nil error.
-func TryAcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
-	a, err := termAcquirer(db)
+func TryAcquireTerm(ctx context.Context, pool *pgxpool.Pool, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
+	a, err := termAcquirer(pool)
 	if err != nil {
 		return nil, err
 	}
@@ -38,8 +39,8 @@ func TryAcquireTerm[D DB](ctx context.Context, db D, key txlock.Key, opts ...txl
 
 // Lead campaigns for key as AcquireTerm does and, once elected, runs fn
 // with the term, then releases it: txlock.Lead.
-func Lead[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.TermOption) error {
-	a, err := termAcquirer(db)
+func Lead(ctx context.Context, pool *pgxpool.Pool, key txlock.Key, fn func(ctx context.Context, t *txlock.Term) error, opts ...txlock.TermOption) error {
+	a, err := termAcquirer(pool)
 	if err != nil {
 		return err
 	}
@@ -61,13 +62,12 @@ func (l *Locker) Lead(ctx context.Context, key txlock.Key, fn func(ctx context.C
 	return txlock.DriverLead(ctx, &acquirer{pool: l.pool}, key, fn, l.opts, opts...)
 }
 
-// termAcquirer returns the acquirer of a term's attempts on db.
-func termAcquirer[D DB](db D) (*acquirer, error) {
-	a := &acquirer{}
-	if err := a.on(db); err != nil {
-		return nil, err
+// termAcquirer returns the acquirer of a term's attempts on pool.
+func termAcquirer(pool *pgxpool.Pool) (*acquirer, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: pool is nil", txlock.ErrInvalidArgument)
 	}
-	return a, nil
+	return &acquirer{pool: pool}, nil
 }
 
 // on makes db the acquirer's, or says why it cannot be.

@@ -10,7 +10,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -312,4 +315,85 @@ func FullPoolDraws(t *testing.T, n int, lock Drawer) {
 	for d := range took {
 		assert.Less(t, d, 10*time.Second, "a draw waited for a connection")
 	}
+}
+
+// Strategies are the ways a WithLock call waits, for the tests that run
+// each: the default, polling only, and a ServerWait whose window is far
+// shorter than the waits it meets, so that most windows end unanswered.
+var Strategies = []struct {
+	Name string
+	Opts []txlock.Option
+}{
+	{"default", nil},
+	{"polling", []txlock.Option{txlock.WithRetry(txlock.ExponentialBackoff{})}},
+	{"ServerWait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Millisecond})}},
+}
+
+// RequireQuietLog has pools × 2 workers contend for one key through lock,
+// for a second with each of Strategies, fn holding the lock for a
+// millisecond, and fails the test if the server's log at logPath gains an
+// ERROR line meanwhile, or if the run shows nothing (no attempt found the
+// lock busy: with ServerWait, no window passed). lock runs fn under the
+// key's lock with opts, on the pool numbered pool: one pool per process
+// of a fleet.
+func RequireQuietLog(t *testing.T, logPath string, pools int, lock func(ctx context.Context, pool int, key txlock.Key, fn func() error, opts ...txlock.Option) error) {
+	t.Helper()
+	for _, s := range Strategies {
+		var busy, calls atomic.Int64
+		obs := txlock.WithObserver(txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+			if e.Kind == txlock.Busy {
+				busy.Add(1)
+			}
+			return ctx
+		}))
+		key := txlock.StringKey(Uniq(t))
+		from := logSize(t, logPath)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		var wg sync.WaitGroup
+		for p := range pools {
+			for range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for ctx.Err() == nil {
+						err := lock(context.Background(), p, key, func() error { time.Sleep(time.Millisecond); return nil },
+							append([]txlock.Option{obs, txlock.WithTimeout(10 * time.Second)}, s.Opts...)...)
+						if !assert.NoError(t, err, s.Name) {
+							return
+						}
+						calls.Add(1)
+					}
+				}()
+			}
+		}
+		wg.Wait()
+		cancel()
+		errs := errorLines(t, logPath, from)
+		t.Logf("%s: %d calls, %d busy attempts, %d ERROR lines in the server's log", s.Name, calls.Load(), busy.Load(), len(errs))
+		assert.Positive(t, busy.Load(), "%s: no attempt found the lock busy: the run shows nothing", s.Name)
+		assert.Empty(t, errs, "%s: the server logged errors", s.Name)
+	}
+}
+
+// logSize returns the size of the file at path.
+func logSize(t testing.TB, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	return fi.Size()
+}
+
+// errorLines returns the lines of the log at path, from offset from on,
+// whose level is ERROR (or worse).
+func errorLines(t testing.TB, path string, from int64) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []string
+	for _, line := range strings.Split(string(b[from:]), "\n") {
+		if strings.Contains(line, " ERROR: ") || strings.Contains(line, " FATAL: ") || strings.Contains(line, " PANIC: ") {
+			out = append(out, line)
+		}
+	}
+	return out
 }

@@ -172,6 +172,9 @@ func (c *Cluster) URL() string {
 // same across Stop and Start.
 func (c *Cluster) Port() int { return c.port }
 
+// LogPath returns the path of the server's log.
+func (c *Cluster) LogPath() string { return c.logPath }
+
 // DataDir returns the cluster's data directory.
 func (c *Cluster) DataDir() string { return c.dataDir }
 
