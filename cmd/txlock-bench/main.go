@@ -15,7 +15,10 @@
 // an in-process toxiproxy that adds -latency each way, a simulated network
 // where round trips dominate. The fleet scenario splits 16 workers over
 // pools (one *sql.DB and one pgxpool each, as separate processes would
-// have), and reports each implementation's least served pool.
+// have), and reports each implementation's least served pool. The
+// bystander scenario puts another service's SELECT 1, every 5 ms, through
+// the PgBouncer that a fleet of 30 pools contends behind, and reports its
+// latency.
 //
 // Compare numbers within one run: they are ratios' raw material, and the
 // absolute values depend on the machine and its load.
@@ -154,13 +157,16 @@ func servers(o *options) (stop func(), err error) {
 
 // bench holds the shared state of a run.
 type bench struct {
-	o       options
-	stmts   *counter
-	admin   *sql.DB // PgBouncer admin console
-	results []result
-	rdb     *redis.Client
-	locks   *redislock.Client
-	network string // what the simulated network measured, if it ran
+	o     options
+	stmts *counter
+	admin *sql.DB // PgBouncer admin console
+	// bystander is another service's client of PgBouncer (scenario's
+	// bystander), with one connection.
+	bystander *sql.DB
+	results   []result
+	rdb       *redis.Client
+	locks     *redislock.Client
+	network   string // what the simulated network measured, if it ran
 }
 
 // pool opens a pool on url with the statement counter.
@@ -242,6 +248,11 @@ func run(o options) error {
 		"pgbouncer": o.bouncerURL + "&default_query_exec_mode=exec",
 	}
 	rdbs := map[string]*redis.Client{"direct": b.rdb, "pgbouncer": b.rdb}
+	if b.bystander, err = sql.Open("pgx", urls["pgbouncer"]); err != nil {
+		return err
+	}
+	defer b.bystander.Close()
+	b.bystander.SetMaxOpenConns(1)
 	all := scenarios(o)
 	var selected []scenario
 	network := false

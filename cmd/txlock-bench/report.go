@@ -31,6 +31,7 @@ type result struct {
 	ClWaitingMax      *int     `json:"cl_waiting_max"`          // clients queued in PgBouncer, max of the samples
 	AllocsPerOp       *float64 `json:"allocs_per_op"`           // process-wide mallocs per acquisition; one worker only
 	PoolShare         *float64 `json:"min_pool_share"`          // more than one pool: the least served pool's share of acquisitions, times the pools (1: fair)
+	Bystander         *latency `json:"bystander,omitempty"`     // the bystander's SELECT 1, if the scenario has one
 	Errors            int64    `json:"errors"`
 	FirstError        string   `json:"first_error,omitempty"`
 }
@@ -51,12 +52,12 @@ func summarize(sc scenario, im impl, a *accum) result {
 		r.StmtsPerAcq = float64(a.stmts) / float64(a.total)
 	}
 	if len(a.waits) > 0 {
-		slices.Sort(a.waits)
-		q := func(p float64) float64 {
-			i := int(math.Ceil(p*float64(len(a.waits)))) - 1
-			return ms(a.waits[max(i, 0)])
-		}
-		r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS = q(0.50), q(0.99), ms(a.waits[len(a.waits)-1])
+		l := latencyOf(a.waits)
+		r.P50WaitMS, r.P99WaitMS, r.MaxWaitMS = l.P50MS, l.P99MS, l.MaxMS
+	}
+	if len(a.bystander) > 0 {
+		l := latencyOf(a.bystander)
+		r.Bystander = &l
 	}
 	if a.samples > 0 {
 		m := float64(a.waiterConnsSum) / float64(a.samples)
@@ -75,6 +76,23 @@ func summarize(sc scenario, im impl, a *accum) result {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// latency is the median, 99th percentile and maximum of some durations.
+type latency struct {
+	P50MS float64 `json:"p50_ms"`
+	P99MS float64 `json:"p99_ms"`
+	MaxMS float64 `json:"max_ms"`
+}
+
+// latencyOf sorts ds, and returns their latency.
+func latencyOf(ds []time.Duration) latency {
+	slices.Sort(ds)
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(ds)))) - 1
+		return ms(ds[max(i, 0)])
+	}
+	return latency{q(0.50), q(0.99), ms(ds[len(ds)-1])}
+}
 
 func printJSON(w io.Writer, rs []result) {
 	enc := json.NewEncoder(w)

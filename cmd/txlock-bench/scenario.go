@@ -27,8 +27,12 @@ type scenario struct {
 	keys    int  // 0: random rows of all; 1: one key; n: n keys
 	pools   int  // n > 1: split the workers over n pools (n "processes"), worker i in pool i mod n
 	network bool // through the simulated network (the name ends in -network)
-	fn      work // the guarded work
-	impls   []impl
+	// bystander: a client of another service sends SELECT 1 through the
+	// same PgBouncer every bystanderEvery while the workers run, and its
+	// latencies are reported (result.Bystander*).
+	bystander bool
+	fn        work // the guarded work
+	impls     []impl
 }
 
 // envKey names the network path of the scenario's pools.
@@ -150,6 +154,12 @@ func scenarios(o options) []scenario {
 			out = append(out, scenario{name: "fleet", via: via, workers: 16, pools: pools, hold: time.Millisecond, keys: 1, fn: holdFor(time.Millisecond), impls: fair})
 		}
 	}
+	// A bystander behind PgBouncer: a fleet of 30 processes of 2 workers on
+	// one hot key, on a PgBouncer pool of -pool (20) server connections,
+	// and another service's SELECT 1 through the same PgBouncer.
+	quiet := []impl{txlockImpl("txlock"), txlockImpl("txlock/polling", txlock.WithRetry(txlock.ExponentialBackoff{})),
+		pgxlockImpl("pgxlock"), pgxlockImpl("pgxlock/polling", txlock.WithRetry(txlock.ExponentialBackoff{})), blocking}
+	out = append(out, scenario{name: "bystander", via: "pgbouncer", workers: 60, pools: 30, hold: 2 * time.Millisecond, keys: 1, bystander: true, fn: holdFor(2 * time.Millisecond), impls: quiet})
 	// Across the simulated network, where round trips dominate.
 	if o.latency > 0 {
 		out = append(out,
@@ -184,7 +194,11 @@ type accum struct {
 	perPool  []int64 // acquisitions within the measured time, by pool
 	// PgBouncer samples: server connections in use by non-holders.
 	samples, waiterConnsSum, waiterConnsMax, clWaitingMax int
+	bystander                                             []time.Duration // the bystander's SELECT 1 latencies
 }
+
+// bystanderEvery is how often the bystander sends its SELECT 1.
+const bystanderEvery = 5 * time.Millisecond
 
 func (b *bench) measureGroup(sc scenario, envs []*env) ([]result, error) {
 	accs := make([]accum, len(sc.impls))
@@ -309,6 +323,32 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 			mu.Unlock()
 		}()
 	}
+	bystanderDone := make(chan struct{})
+	if sc.bystander {
+		go func() {
+			defer close(bystanderDone)
+			var lat []time.Duration
+			for time.Now().Before(deadline) {
+				t0 := time.Now()
+				var one int
+				if err := b.bystander.QueryRowContext(ctx, "SELECT 1").Scan(&one); err != nil {
+					mu.Lock()
+					a.errs++
+					if a.firstErr == nil {
+						a.firstErr = fmt.Errorf("bystander: %w", err)
+					}
+					mu.Unlock()
+				}
+				lat = append(lat, time.Since(t0))
+				time.Sleep(bystanderEvery)
+			}
+			mu.Lock()
+			a.bystander = append(a.bystander, lat...)
+			mu.Unlock()
+		}()
+	} else {
+		close(bystanderDone)
+	}
 	// Sample PgBouncer's pools while the workers run.
 	sampleDone := make(chan struct{})
 	if sc.via == "pgbouncer" && sc.workers > 1 {
@@ -335,6 +375,7 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 	stopFlag.Store(true)
 	wg.Wait()
 	<-sampleDone
+	<-bystanderDone
 	a.elapsed += d
 	runtime.ReadMemStats(&ms1)
 	a.mallocs += ms1.Mallocs - ms0.Mallocs

@@ -18,7 +18,32 @@ func printTargets(w io.Writer, rs []result) {
 	t.floors()
 	t.contendedNetwork()
 	t.fleet()
+	t.bystander()
 	t.allocations()
+}
+
+// bystander prints the bystander's targets: with the default strategy,
+// its p99 within 2x its p99 beside polling only, its max within 25ms, and
+// at most 2 server connections of waiters.
+func (t targets) bystander() {
+	for _, pair := range [][2]string{{"txlock", "txlock/polling"}, {"pgxlock", "pgxlock/polling"}} {
+		def, poll := findPools(t.rs, "bystander", "pgbouncer", pair[0], 60, 30, 2), findPools(t.rs, "bystander", "pgbouncer", pair[1], 60, 30, 2)
+		if def == nil || poll == nil || def.Bystander == nil || poll.Bystander == nil {
+			continue
+		}
+		v := def.Bystander.P99MS / poll.Bystander.P99MS
+		t.check(fmt.Sprintf("bystander 30×2 2ms: SELECT 1 p99, %s ÷ %s (%.1f ms ÷ %.1f ms) ≤ 2", pair[0], pair[1], def.Bystander.P99MS, poll.Bystander.P99MS), "pgbouncer", v, v <= 2, "%.2f")
+		t.check(fmt.Sprintf("bystander 30×2 2ms: SELECT 1 max ms, %s ≤ 25", pair[0]), "pgbouncer", def.Bystander.MaxMS, def.Bystander.MaxMS <= 25, "%.1f")
+		if def.WaiterConnsMax != nil {
+			m := float64(*def.WaiterConnsMax)
+			t.check(fmt.Sprintf("bystander 30×2 2ms: %s waiters' server connections, max of samples (mean %.2f) ≤ 2", pair[0], *def.WaiterServerConns), "pgbouncer", m, m <= 2, "%.0f")
+		}
+	}
+	for _, im := range []string{"txlock", "txlock/polling", "pgxlock", "pgxlock/polling", "pg-blocking"} {
+		if r := findPools(t.rs, "bystander", "pgbouncer", im, 60, 30, 2); r != nil && r.Bystander != nil {
+			fmt.Fprintf(t.w, "| bystander 30×2 2ms: %s, SELECT 1 p50 / p99 / max ms | pgbouncer | %.1f / %.1f / %.1f | (reference) |\n", im, r.Bystander.P50MS, r.Bystander.P99MS, r.Bystander.MaxMS)
+		}
+	}
 }
 
 // targets prints the rows of the Targets table from one run's results.
