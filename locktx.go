@@ -22,9 +22,9 @@ import (
 //
 // With WithServerWait, LockTx waits in the server's lock queue instead, one
 // window at a time, inside a SAVEPOINT: a window that passes (lock_timeout,
-// 55P03) is rolled back to the savepoint, leaving the caller's transaction
-// and its lock_timeout as they were, and a granted lock lasts until the
-// transaction ends. Two transactions that take keys in conflicting orders
+// 55P03) is rolled back, leaving the caller's transaction and its
+// lock_timeout as they were, and no error in the server's log, and a
+// granted lock lasts until the transaction ends. Two transactions that take keys in conflicting orders
 // then deadlock in the server, and PostgreSQL's deadlock detector ends one
 // wait after deadlock_timeout: LockTx returns that error, whose SQLState is
 // 40P01, at once, with the caller's transaction still usable (roll it back,
@@ -85,15 +85,16 @@ type callerTx struct {
 // attempt implements attempter. Statements run under ctx, not the wait's
 // context: cancelling a statement closes the connection, which would end
 // the caller's transaction. A server-side wait is bounded by lock_timeout
-// instead, and runs in a savepoint, so that its timeout leaves the caller's
-// transaction usable: ROLLBACK TO SAVEPOINT undoes the failed wait (and its
-// set_config), RELEASE SAVEPOINT keeps a granted lock until the transaction
-// ends.
+// instead, whose end the statement catches (quietWait), and runs in a
+// savepoint, so that a deadlock or a refused isolation level leaves the
+// caller's transaction usable: ROLLBACK TO SAVEPOINT undoes the failed
+// wait (and its set_config), RELEASE SAVEPOINT keeps a granted lock until
+// the transaction ends.
 func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if b.window <= 0 {
 		return runLockStatement(ctx, a.tx, a.stmt)
 	}
-	out, err := runLockStatement(ctx, a.tx, savepoint+waitStatement(a.info.Keys, a.c.shared, a.c.maxHold, b.window))
+	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.info.Keys, a.c.shared, a.c.maxHold, b.window, "lock_not_available"))
 	if err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return busy, fmt.Errorf("txlock: release savepoint: %w", err)

@@ -209,15 +209,24 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 // The isolation level's refusal is not caught: it ends the statement as
 // waitStatement's does.
 func quietWaitStatement(keys []Key, shared bool, maxHold, window time.Duration) string {
+	return quietWait(keys, shared, maxHold, window, "lock_not_available OR deadlock_detected")
+}
+
+// quietWait is quietWaitStatement's statement, whose handler catches the
+// conditions named in catch.
+func quietWait(keys []Key, shared bool, maxHold, window time.Duration, catch string) string {
 	return "DO $txlock$BEGIN PERFORM pg_catalog.set_config('txlock.outcome', CAST((SELECT pg_catalog.count(*) FROM (" +
 		waitStatement(keys, shared, maxHold, window) +
-		") AS w) AS pg_catalog.text), true); EXCEPTION WHEN lock_not_available OR deadlock_detected THEN PERFORM pg_catalog.set_config('txlock.outcome', '0', true); END$txlock$;" +
+		") AS w) AS pg_catalog.text), true); EXCEPTION WHEN " + catch + " THEN PERFORM pg_catalog.set_config('txlock.outcome', '0', true); END$txlock$;" +
 		" SELECT 1 FROM pg_catalog.generate_series(1, CAST(pg_catalog.current_setting('txlock.outcome') AS integer))"
 }
 
 // The statements around a ServerWait attempt in a caller's transaction
-// (LockTx): the wait runs in a savepoint, so that a window that passes
-// (55P03) or a deadlock (40P01) aborts only what follows the savepoint.
+// (LockTx): the wait runs in a savepoint, so that a deadlock (40P01), or a
+// refused isolation level, aborts only what follows the savepoint. The
+// wait itself is quietWait's, which catches the window's end (55P03), so
+// that it leaves no error in the server's log, but not a deadlock, which
+// LockTx reports to the caller.
 const (
 	savepoint           = "SAVEPOINT txlock_wait; "
 	releaseSavepoint    = "RELEASE SAVEPOINT txlock_wait"

@@ -195,7 +195,7 @@ func checkText(t *testing.T, out, tag string, holderPID int, label string) {
 	assert.Regexp(t, `(?m)^\d+ advisory lock requests on \d+ keys? in database "[^"]+" on 127\.0\.0\.1:\d+ at .*: \d+ held, \d+ waiting$`, out)
 	assert.Regexp(t, `(?m)^PID +LOCK +KEY +NAME +APPLICATION +CLIENT +STATE +XACT +WAIT +WAITS FOR +QUERY$`, out)
 	assert.Regexp(t, `(?m)^`+strconv.Itoa(holderPID)+` +held +pair\(-?\d+,-?\d+\) +`+regexp.QuoteMeta(label)+` +holder-`+tag+` +127\.0\.0\.1:\d+ +`, out)
-	assert.Regexp(t, `(?m)^\d+ +waiting +pair\(-?\d+,-?\d+\) +`+regexp.QuoteMeta(label)+` +waiter-`+tag+` +127\.0\.0\.1:\d+ +active +[0-9.]+s +[0-9.]+s +pid `+strconv.Itoa(holderPID)+` +SELECT 1 FROM pg_catalog`, out)
+	assert.Regexp(t, `(?m)^\d+ +waiting +pair\(-?\d+,-?\d+\) +`+regexp.QuoteMeta(label)+` +waiter-`+tag+` +127\.0\.0\.1:\d+ +active +[0-9.]+s +[0-9.]+s +pid `+strconv.Itoa(holderPID)+` +DO \$txlock\$BEGIN PERFORM pg_catalog`, out)
 }
 
 // TestLocksRegistry: the keyspace registry names the keyspace of a lock,
@@ -593,7 +593,7 @@ func TestLocksPreparedTransaction(t *testing.T) {
 	pair := regexp.QuoteMeta(fmt.Sprintf("pair(%d,%d)", a, b))
 	assert.Regexp(t, `(?m)^2 advisory lock requests on 1 key in database "postgres" on 127\.0\.0\.1:\d+ at .*: 1 held, 1 waiting$`, r.stdout)
 	assert.Regexp(t, `(?m)^- +held +`+pair+` +`+label+` +- +- +`+regexp.QuoteMeta("prepared "+gidSQL+" by txlock")+` +[0-9.]+s +- +- +-$`, r.stdout)
-	assert.Regexp(t, `(?m)^`+strconv.Itoa(*w.PID)+` +waiting +`+pair+` +`+label+` +waiter-prep +127\.0\.0\.1:\d+ +active +[0-9.]+s +[0-9.]+s +`+regexp.QuoteMeta("prepared "+gidSQL)+` +SELECT `, r.stdout)
+	assert.Regexp(t, `(?m)^`+strconv.Itoa(*w.PID)+` +waiting +`+pair+` +`+label+` +waiter-prep +127\.0\.0\.1:\d+ +active +[0-9.]+s +[0-9.]+s +`+regexp.QuoteMeta("prepared "+gidSQL)+` +DO \$txlock\$BEGIN `, r.stdout)
 
 	// COMMIT PREPARED releases the key: the waiter gets it.
 	_, err = db.Exec("COMMIT PREPARED " + gidSQL)

@@ -56,8 +56,8 @@ var exclusive = sync.OnceValue(func() (t struct{ before, after string }) {
 })
 
 // Begin returns the query of pgxlock's polling attempt for
-// txlock.Int64Key(key), with WithMaxHold(maxHold) if maxHold > 0: the lock
-// statement, then BEGIN.
+// txlock.Int64Key(key), with WithMaxHold(maxHold) if maxHold > 0: BEGIN,
+// then the lock statement.
 func Begin(key int64, maxHold time.Duration) string {
 	var opts []txlock.Option
 	if maxHold > 0 {
