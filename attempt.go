@@ -84,7 +84,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 		timer := time.AfterFunc(a.attemptBound, func() { txCancel(context.DeadlineExceeded) })
 		inTime = timer.Stop
 	}
-	tx, err := a.begin(txCtx, b.prevEnd)
+	tx, err := a.begin(txCtx, b.waitFor())
 	if err != nil {
 		tie.untie()
 		if !inTime() {

@@ -60,8 +60,11 @@
 // an idle connection and its transaction is ReadCommitted, makes one of its
 // attempts a wait in the server's lock queue of up to 200ms, and polls
 // after that. So a process occupies at most one connection per local
-// queue, for at most that window per round of a call, waiting (after a
-// handoff, that window may follow an early BEGIN of at most 50ms).
+// queue, for at most that window per round of a call, waiting. After a
+// handoff within the process, that window goes at once, when other
+// processes wait in the server or the last handoff outlasted a
+// millisecond (a network between the process and the server): the server
+// then grants it the moment the holder's transaction ends.
 //
 // # Observing locks
 //

@@ -80,7 +80,7 @@ type driverAcquirer struct {
 var _ acquirer = (*driverAcquirer)(nil)
 
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
-	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.prevEnd}
+	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
 	if b.window > 0 {
 		at.Window, at.Stmt = b.window, quietWaitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
 		at.Query = d.begin + "; " + at.Stmt

@@ -32,8 +32,10 @@ import (
 //     back and waits without a connection (see ownTx.begin). With the
 //     default strategy (see config.headWindow) that lock statement is the
 //     cheap poll, unless such a poll found the lock taken before (queue.remote:
-//     other processes wait for it in the server); then it is the call's
-//     window in the server, which queues behind them.
+//     other processes wait for it in the server), or the last handoff took
+//     longer than slowHandoff (a COMMIT's round trip across a network);
+//     then it is the call's window in the server, sent at once without
+//     waiting for the channel, which queues behind the holder.
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
 //     holder's transaction ends, with no round trip in between.
@@ -68,6 +70,27 @@ type queue struct {
 	// strategy's queue head then waits in the server at once after a
 	// handoff too (see config.wait). Only the caller with the turn uses it.
 	remote bool
+	// handoff is how long the last early handoff in this queue took, from
+	// the holder's fn returning to its transaction's end (its COMMIT's
+	// round trip, mostly): see slowHandoff.
+	handoff time.Duration
+}
+
+// slowHandoff is the handoff beyond which the default strategy's queue
+// head, handed the turn early, sends its window in the server at once
+// rather than polling once the holder's transaction has ended: a poll then
+// costs a round trip after that end, which a window queued behind the
+// holder does not (it is granted the moment the holder's transaction
+// ends), and at such a round trip the window's own cost is the smaller.
+// On loopback a COMMIT returns in a fraction of it.
+const slowHandoff = time.Millisecond
+
+// handoffSlow reports whether the last early handoff of t's queue took
+// longer than slowHandoff.
+func (t *ticket) handoffSlow() bool {
+	queues.Lock()
+	defer queues.Unlock()
+	return t.q != nil && t.q.handoff > slowHandoff
 }
 
 // refs counts the callers in q: the one with the turn, and those waiting.
@@ -91,8 +114,10 @@ type ticket struct {
 	// it on costs nothing.
 	prevEnd chan struct{}
 	// end is closed once this call's transaction has ended, after it handed
-	// its turn on early.
-	end chan struct{}
+	// its turn on early, at handedAt, in the queue handedIn.
+	end      chan struct{}
+	handedAt time.Time
+	handedIn *queue
 }
 
 // othersQueued reports that other callers are queued for the same keys.
@@ -186,7 +211,7 @@ func (t *ticket) handOnEarly() {
 	if len(t.q.waiting) == 0 {
 		return
 	}
-	t.end = make(chan struct{})
+	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Now(), t.q
 	t.passTurnLocked(t.end)
 }
 
@@ -204,6 +229,10 @@ func (t *ticket) leave() {
 	if t.end != nil {
 		close(t.end)
 		t.end = nil
+		queues.Lock()
+		t.handedIn.handoff = time.Since(t.handedAt)
+		queues.Unlock()
+		t.handedIn = nil
 	}
 	if t.q != nil {
 		t.passTurn(t.prevEnd)

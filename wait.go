@@ -41,9 +41,20 @@ type bound struct {
 	window time.Duration
 	// prevEnd is not nil when the caller ahead in the local queue handed
 	// this call its turn before that caller's transaction ended (see
-	// queue.go): it is closed once that transaction has ended, and the lock
-	// statement must not be sent before.
+	// queue.go): it is closed once that transaction has ended, and a
+	// polling lock statement must not be sent before (see waitFor).
 	prevEnd <-chan struct{}
+}
+
+// waitFor returns the channel an attempt within b waits on before its lock
+// statement: prevEnd for a poll, which must find the lock free; none for a
+// window, which queues behind the holder in the server whenever it is
+// sent, and is granted the moment the holder's transaction ends.
+func (b bound) waitFor() <-chan struct{} {
+	if b.window > 0 {
+		return nil
+	}
+	return b.prevEnd
 }
 
 // waitMode is how a call waits for a busy lock.
@@ -160,17 +171,21 @@ type waiter struct {
 // every attempt's window with ServerWait; with the default strategy, one
 // window as the local queue's head, for one key, when the pool has an idle
 // connection; else 0. A handoff from this process's holder (prevEnd) leaves
-// the lock free for a cheaper poll, unless other processes wait for it in
-// the server. Only a single key waits: lock_timeout bounds each key's
-// wait, so a window over several keys could last a window per key,
-// holding the keys it has.
+// the lock free for a cheaper poll once the holder's transaction has ended,
+// unless other processes wait for it in the server (queue.remote), or the
+// last handoff took longer than slowHandoff (a network between the process
+// and the server): the window then goes at once, without waiting for that
+// end (see bound.waitFor), queues behind the holder, and is granted the
+// moment the holder's transaction ends. Only a single key waits:
+// lock_timeout bounds each key's wait, so a window over several keys could
+// last a window per key, holding the keys it has.
 func (w *waiter) window() time.Duration {
 	t := w.t
 	d := time.Duration(0)
 	switch {
 	case w.mode == inServer:
 		d = w.c.serverWait.window()
-	case w.headWindow && !w.headWaited && len(w.lock.Keys) == 1 && t != nil && t.entered() && (w.b.prevEnd == nil || t.q.remote) && idleConn(w.a):
+	case w.headWindow && !w.headWaited && len(w.lock.Keys) == 1 && t != nil && t.entered() && (w.b.prevEnd == nil || t.q.remote || t.handoffSlow()) && idleConn(w.a):
 		d, w.headWaited = DefaultServerWaitWindow, true
 	default:
 		return 0

@@ -827,3 +827,39 @@ func TestWaitHeadWindow(t *testing.T) {
 		})
 	}
 }
+
+// A queue measures its early handoffs, from handOnEarly to the holder's
+// leave (its transaction's end): the next head finds the handoff slow past
+// slowHandoff (a COMMIT across a network), and fast again after a quick
+// one.
+func TestSlowHandoff(t *testing.T) {
+	h := new(int)
+	tickets := []*ticket{newTicket(h, false), newTicket(h, false), newTicket(h, false)}
+	require.True(t, tickets[0].enter(context.Background()))
+	for i, took := range []time.Duration{2 * slowHandoff, 0} {
+		holder, next := tickets[i], tickets[i+1]
+		entered := make(chan bool)
+		go func() { entered <- next.enter(context.Background()) }()
+		eventually(t, func() bool {
+			queues.Lock()
+			defer queues.Unlock()
+			return len(queues.m[holder.key].waiting) == 1
+		}, "the next caller queues")
+		start := time.Now()
+		holder.handOnEarly()
+		time.Sleep(took)
+		holder.leave()
+		elapsed := time.Since(start) // the queue's measure lies within it
+		require.True(t, <-entered)
+		switch {
+		case took > 0:
+			assert.True(t, next.handoffSlow(), "after a handoff of %v", took)
+		case elapsed < slowHandoff:
+			assert.False(t, next.handoffSlow(), "after a handoff of less than %v", elapsed)
+		default:
+			t.Logf("the quick handoff took %v, past %v (a loaded machine): not judged", elapsed, slowHandoff)
+		}
+	}
+	tickets[2].leave()
+	assert.Zero(t, QueueRefs())
+}
