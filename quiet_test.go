@@ -3,15 +3,12 @@ package txlock_test
 import (
 	"context"
 	"database/sql"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
@@ -39,8 +36,7 @@ func TestQuietLockTxWindows(t *testing.T) {
 	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
 	db := locktest.Open(t, c.URL(), 8)
 	key := txlock.StringKey(locktest.Uniq(t))
-	from, err := os.Stat(c.LogPath())
-	require.NoError(t, err)
+	from := locktest.LogSize(t, c.LogPath())
 	var busy atomic.Int64
 	obs := txlock.WithObserver(txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
 		if e.Kind == txlock.Busy {
@@ -69,10 +65,8 @@ func TestQuietLockTxWindows(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	log, err := os.ReadFile(c.LogPath())
-	require.NoError(t, err)
-	errs := strings.Count(string(log[from.Size():]), " ERROR: ")
-	t.Logf("%d busy windows, %d ERROR lines in the server's log", busy.Load(), errs)
+	errs := locktest.ErrorLines(t, c.LogPath(), from)
+	t.Logf("%d busy windows, %d ERROR lines in the server's log", busy.Load(), len(errs))
 	assert.Positive(t, busy.Load(), "no window ended: the run shows nothing")
-	assert.Zero(t, errs, "the server logged errors")
+	assert.Empty(t, errs, "the server logged errors")
 }

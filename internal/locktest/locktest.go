@@ -347,7 +347,7 @@ func RequireQuietLog(t *testing.T, logPath string, pools int, lock func(ctx cont
 			return ctx
 		}))
 		key := txlock.StringKey(Uniq(t))
-		from := logSize(t, logPath)
+		from := LogSize(t, logPath)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		var wg sync.WaitGroup
 		for p := range pools {
@@ -368,24 +368,25 @@ func RequireQuietLog(t *testing.T, logPath string, pools int, lock func(ctx cont
 		}
 		wg.Wait()
 		cancel()
-		errs := errorLines(t, logPath, from)
+		errs := ErrorLines(t, logPath, from)
 		t.Logf("%s: %d calls, %d busy attempts, %d ERROR lines in the server's log", s.Name, calls.Load(), busy.Load(), len(errs))
 		assert.Positive(t, busy.Load(), "%s: no attempt found the lock busy: the run shows nothing", s.Name)
 		assert.Empty(t, errs, "%s: the server logged errors", s.Name)
 	}
 }
 
-// logSize returns the size of the file at path.
-func logSize(t testing.TB, path string) int64 {
+// LogSize returns the size of the file at path: where the lines that a
+// server writes to its log from now on begin.
+func LogSize(t testing.TB, path string) int64 {
 	t.Helper()
 	fi, err := os.Stat(path)
 	require.NoError(t, err)
 	return fi.Size()
 }
 
-// errorLines returns the lines of the log at path, from offset from on,
+// ErrorLines returns the lines of the log at path, from offset from on,
 // whose level is ERROR (or worse).
-func errorLines(t testing.TB, path string, from int64) []string {
+func ErrorLines(t testing.TB, path string, from int64) []string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
