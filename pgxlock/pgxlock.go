@@ -155,6 +155,29 @@ func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key
 	return txlock.DriverLock(ctx, a, keys, try, opts...)
 }
 
+// on makes db the acquirer's, or says why it cannot be.
+func (a *acquirer) on(db any) error {
+	switch db := db.(type) {
+	case *pgxpool.Pool:
+		a.pool = db
+	case *pgxpool.Conn:
+		if db != nil {
+			a.conn = db.Conn()
+		}
+	case *pgx.Conn:
+		a.conn = db
+	}
+	if a.pool == nil && a.conn == nil {
+		return fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
+	}
+	if a.conn != nil && a.conn.PgConn().TxStatus() != 'I' {
+		// A busy attempt would abort the caller's transaction, and a grant
+		// would commit it with fn's.
+		return fmt.Errorf("%w: db is a connection in a transaction; lock inside it with LockTx", txlock.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // nonNil returns keys, or an empty slice for nil: WithLocks with no keys is
 // refused as such, not taken for WithLock.
 func nonNil(keys []txlock.Key) []txlock.Key {

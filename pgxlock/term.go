@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlock/txlock"
@@ -68,27 +67,4 @@ func termAcquirer(pool *pgxpool.Pool) (*acquirer, error) {
 		return nil, fmt.Errorf("%w: pool is nil", txlock.ErrInvalidArgument)
 	}
 	return &acquirer{pool: pool}, nil
-}
-
-// on makes db the acquirer's, or says why it cannot be.
-func (a *acquirer) on(db any) error {
-	switch db := db.(type) {
-	case *pgxpool.Pool:
-		a.pool = db
-	case *pgxpool.Conn:
-		if db != nil {
-			a.conn = db.Conn()
-		}
-	case *pgx.Conn:
-		a.conn = db
-	}
-	if a.pool == nil && a.conn == nil {
-		return fmt.Errorf("%w: db is nil", txlock.ErrInvalidArgument)
-	}
-	if a.conn != nil && a.conn.PgConn().TxStatus() != 'I' {
-		// A busy attempt would abort the caller's transaction, and a grant
-		// would commit it with fn's.
-		return fmt.Errorf("%w: db is a connection in a transaction; lock inside it with LockTx", txlock.ErrInvalidArgument)
-	}
-	return nil
 }
