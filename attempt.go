@@ -59,7 +59,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 			if err != nil {
 				return busy, fmt.Errorf("txlock: begin: %w", err)
 			}
-			out, err := tryLock(ctx, tx, stmt)
+			out, err := lockResult(tx.ExecContext(ctx, stmt))
 			if err == nil && out == granted && ctx.Err() != nil {
 				// ctx ended as the lock was granted: database/sql is
 				// rolling the transaction back, and fn must not start.
@@ -93,7 +93,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 		txCancel(nil)
 		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
-	out, err := tryLock(txCtx, tx, stmt)
+	out, err := lockResult(tx.ExecContext(txCtx, stmt))
 	bounded := inTime()
 	if err == nil && out == granted && (!tie.untie() || !bounded || txCtx.Err() != nil) {
 		// The deadline or the attempt's bound fired, or ctx ended, as the
@@ -227,13 +227,11 @@ func (t deadlineTie) untie() bool {
 	return t.stopAfter()
 }
 
-// tryLock runs a lock statement in tx, a transaction of txlock's own, and
-// decodes its outcome.
-//
-// The statement's answer is carried in the row count of the command tag (see
-// lockStatement), which database/sql returns as RowsAffected.
-func tryLock(ctx context.Context, tx *sql.Tx, stmt string) (outcome, error) {
-	res, err := tx.ExecContext(ctx, stmt)
+// lockResult decodes the answer of a lock statement run in a database/sql
+// transaction of txlock's own. The statement's answer is carried in the row
+// count of the command tag (see lockStatement), which database/sql returns
+// as RowsAffected.
+func lockResult(res sql.Result, err error) (outcome, error) {
 	if err != nil {
 		return classifyOwn(err)
 	}

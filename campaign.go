@@ -136,16 +136,13 @@ func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool
 		st.draw = d
 	}
 	ta := termAttempter{a: a}
-	err := c.wait(ctx, c.waitMode(try), &st.lock, &ta, q)
-	if err == nil {
+	acquired, err := lockLoop(ctx, c, c.waitMode(try), &ta, q, st)
+	if acquired {
 		t.h, t.tx, err = a.granted(st)
 	}
-	if err != nil {
+	if !acquired || err != nil {
 		if q != nil {
 			q.leave()
-		}
-		if try && errors.Is(err, errBusy) {
-			return nil, nil
 		}
 		return nil, err
 	}

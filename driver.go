@@ -39,7 +39,8 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 		t = &dc.t
 		t.key = queueKey{handle: pool, stmt: dc.a.query, serverWait: c.serverWait != nil}
 	}
-	return lockLoop(ctx, c, c.waitMode(try), &dc.a, keys, t, &dc.st0)
+	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
+	return lockLoop(ctx, c, c.waitMode(try), &dc.a, t, &dc.st0)
 }
 
 // DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction

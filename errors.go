@@ -139,6 +139,13 @@ func waitEnded(ctx context.Context, keys []Key, attempts int, waited time.Durati
 	return TimedOut, &LockTimeoutError{Keys: keys, Attempts: attempts, Waited: waited, Err: ctx.Err()}
 }
 
+// reachedDeadline reports a wait that ended at its own deadline, the
+// timeout's, while the caller's context went on (WithFailOpen runs fn then).
+func reachedDeadline(err error) bool {
+	var te *LockTimeoutError
+	return errors.As(err, &te) && te.Err == nil
+}
+
 // SQLState returns the SQLSTATE code of the first PostgreSQL error in err's
 // chain, or "" if there is none. It works with any driver whose errors have
 // a SQLState() string method, as pgx's *pgconn.PgError does.

@@ -41,8 +41,8 @@ func BenchEvents(b *testing.B, o Observer) {
 	for b.Loop() {
 		c.ev = events{o: o}
 		c.ev.start(context.Background())
-		*st = lockState{}
-		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, keys, nil, st); err != nil {
+		*st = lockState{lock: Lock{Keys: keys, Held: true}}
+		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, nil, st); err != nil {
 			b.Fatal(err)
 		}
 	}

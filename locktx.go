@@ -62,14 +62,10 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 		return false, err
 	}
 	a.one[0] = key
-	a.info = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.stmt = lockStatement(a.info.Keys, c.shared, c.maxHold, formCallerTx)
+	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
+	a.stmt = lockStatement(a.st.lock.Keys, c.shared, c.maxHold, formCallerTx)
 	c.ev.start(ctx)
-	err := c.wait(ctx, c.waitMode(try), &a.info, a, nil)
-	if errors.Is(err, errBusy) {
-		return false, nil
-	}
-	return err == nil, err
+	return lockLoop(ctx, c, c.waitMode(try), a, nil, &a.st)
 }
 
 // callerTx is the attempter of LockTx: each attempt is a statement in the
@@ -78,7 +74,7 @@ type callerTx struct {
 	c    config
 	tx   driver.Execer
 	stmt string
-	info Lock // what the lock is, for the wait
+	st   lockState // what the lock is, for the loop
 	one  [1]Key
 }
 
@@ -94,7 +90,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if b.window <= 0 {
 		return runLockStatement(ctx, a.tx, a.stmt)
 	}
-	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.info.Keys, a.c.shared, a.c.maxHold, b.window, "lock_not_available"))
+	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.st.lock.Keys, a.c.shared, a.c.maxHold, b.window, "lock_not_available"))
 	if err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return busy, fmt.Errorf("txlock: release savepoint: %w", err)
@@ -114,7 +110,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	case codeDeadlock:
 		// A deadlock between caller transactions: waiting again would
 		// deadlock again. The caller's transaction is still usable.
-		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.info.Keys), err)
+		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.st.lock.Keys), err)
 	}
 	// The isolation level was refused (see waitStatement). The caller's
 	// transaction is still usable.

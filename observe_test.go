@@ -110,7 +110,7 @@ func TestEventsInOrder(t *testing.T) {
 			c.ev.start(context.Background())
 			l := tc.lock
 			l.clk = clk
-			_, err := lockLoop(context.Background(), c, c.waitMode(tc.try), &l, testKeys, nil, &lockState{})
+			_, err := loopOn(context.Background(), c, c.waitMode(tc.try), &l, testKeys, nil)
 			assert.Equal(t, tc.kinds, rec.kinds())
 			for _, e := range rec.events {
 				assert.Equal(t, testKeys, e.Keys, "%v carries the keys", e.Kind)
@@ -140,7 +140,7 @@ func TestEventsReleasedOnPanic(t *testing.T) {
 	c.ev.start(context.Background())
 	l := &clockLock{clk: clk, fn: func(context.Context) { panic("fn bug") }}
 	assert.PanicsWithValue(t, "fn bug", func() {
-		_, _ = lockLoop(context.Background(), c, c.waitMode(false), l, testKeys, nil, &lockState{})
+		_, _ = loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
 	})
 	assert.Equal(t, []EventKind{WaitStarted, Acquired, Released}, rec.kinds())
 	last := rec.events[2]
@@ -158,7 +158,7 @@ func TestEventsNoRetryAfterContextEnds(t *testing.T) {
 	l := &clockLock{clk: newFakeClock(), fnErr: sqlStateError("40001"), fn: func(context.Context) {
 		go func() { time.Sleep(10 * time.Millisecond); cancel() }()
 	}}
-	_, err := lockLoop(ctx, c, c.waitMode(false), l, testKeys, nil, &lockState{})
+	_, err := loopOn(ctx, c, c.waitMode(false), l, testKeys, nil)
 	assert.Equal(t, "40001", SQLState(err))
 	assert.Equal(t, []EventKind{WaitStarted, Acquired, Released}, rec.kinds())
 }
@@ -170,7 +170,7 @@ func TestEventsFailed(t *testing.T) {
 	c.ev.start(context.Background())
 	boom := errors.New("txlock: begin: connection refused")
 	lock := Lock{Keys: testKeys}
-	err := c.wait(context.Background(), c.waitMode(false), &lock, attempterFunc(func(context.Context, bound) (outcome, error) { return busy, boom }), nil)
+	err := waitOn(context.Background(), c, c.waitMode(false), &lock, attempterFunc(func(context.Context, bound) (outcome, error) { return busy, boom }), nil)
 	assert.ErrorIs(t, err, boom)
 	assert.Equal(t, []EventKind{WaitStarted, Failed}, rec.kinds())
 	assert.Equal(t, boom, rec.events[1].Err)
@@ -179,7 +179,7 @@ func TestEventsFailed(t *testing.T) {
 	rec.events = nil
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	err = c.wait(ctx, tryOnce, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
+	err = waitOn(ctx, c, tryOnce, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.Equal(t, []EventKind{WaitStarted, Canceled}, rec.kinds(), "a cancelled try is counted as a cancellation")
 
@@ -187,7 +187,7 @@ func TestEventsFailed(t *testing.T) {
 	rec.events = nil
 	dctx, dcancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
 	defer dcancel()
-	err = c.wait(dctx, tryOnce, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
+	err = waitOn(dctx, c, tryOnce, &lock, attempterFunc(func(context.Context, bound) (outcome, error) { panic("no attempt") }), nil)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.ErrorContains(t, err, "not attempted")
 	assert.Equal(t, []EventKind{WaitStarted, Failed}, rec.kinds())
@@ -202,7 +202,7 @@ func TestEventsCounts(t *testing.T) {
 	c.ev.start(context.Background())
 	var lock Lock
 	l := &clockLock{clk: clk, busyFor: 3, fn: func(ctx context.Context) { lock, _ = LockFromContext(ctx) }}
-	_, err := lockLoop(context.Background(), c, c.waitMode(false), l, testKeys, nil, &lockState{})
+	_, err := loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
 	require.NoError(t, err)
 	var busy []int
 	for _, e := range rec.events {
@@ -242,7 +242,7 @@ func TestObserverContextThreads(t *testing.T) {
 	c.ev.start(context.Background())
 	var inFn any
 	l := &clockLock{clk: clk, busyFor: 1, fn: func(ctx context.Context) { inFn = ctx.Value(ctxKey("span")) }}
-	_, err := lockLoop(context.Background(), c, c.waitMode(false), l, testKeys, nil, &lockState{})
+	_, err := loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
 	require.NoError(t, err)
 	assert.Equal(t, []string{"wait_started<", "busy<wait", "acquired<wait", "released<hold"}, seen)
 	assert.Equal(t, "hold", inFn, "fn's context sees the value the Observer put in at Acquired")
@@ -269,7 +269,7 @@ func TestObserverPanicRecovered(t *testing.T) {
 	for range 2 {
 		c := testConfig(t, clk, WithObserver(obs))
 		c.ev.start(context.Background())
-		ok, err := lockLoop(context.Background(), c, c.waitMode(false), &clockLock{clk: clk}, testKeys, nil, &lockState{})
+		ok, err := loopOn(context.Background(), c, c.waitMode(false), &clockLock{clk: clk}, testKeys, nil)
 		require.NoError(t, err)
 		assert.True(t, ok)
 	}
@@ -291,7 +291,7 @@ func TestObserverSlow(t *testing.T) {
 	c := testConfig(t, nil, WithObserver(slow))
 	c.ev.start(context.Background())
 	srv := &fakeServer{}
-	ok, err := lockLoop(context.Background(), c, c.waitMode(false), &fakeLock{name: "a", srv: srv}, testKeys, nil, &lockState{})
+	ok, err := loopOn(context.Background(), c, c.waitMode(false), &fakeLock{name: "a", srv: srv}, testKeys, nil)
 	require.NoError(t, err)
 	assert.True(t, ok)
 	assert.Equal(t, []EventKind{WaitStarted, Acquired, Released}, rec.kinds())
@@ -317,7 +317,7 @@ func TestSlogObserverGolden(t *testing.T) {
 		l.clk = clk
 		c := testConfig(t, clk, append(opts, WithObserver(obs))...)
 		c.ev.start(context.Background())
-		_, _ = lockLoop(context.Background(), c, c.waitMode(false), l, keys, nil, &lockState{})
+		_, _ = loopOn(context.Background(), c, c.waitMode(false), l, keys, nil)
 	}
 	runOne(&clockLock{busyFor: 1, holdFor: 7 * time.Millisecond}, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}))
 	runOne(&clockLock{busyFor: 100}, WithRetry(NoRetry))

@@ -68,7 +68,7 @@ type queue struct {
 	// remote is set once a poll made right after a handoff in this queue
 	// found the lock taken, by another process most likely: the default
 	// strategy's queue head then waits in the server at once after a
-	// handoff too (see config.wait). Only the caller with the turn uses it.
+	// handoff too (see waiter.window). Only the caller with the turn uses it.
 	remote bool
 	// handoff is how long the last early handoff in this queue took, from
 	// the holder's fn returning to its transaction's end (its COMMIT's

@@ -62,7 +62,7 @@ var (
 // reported with ErrInvalidArgument or ErrInvalidKey before the database is
 // touched.
 func WithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := newCall(db, fn, false).start(ctx, key, nil, opts)
+	_, err := startCall(ctx, db, fn, key, nil, false, opts)
 	return err
 }
 
@@ -70,7 +70,7 @@ func WithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, 
 // attempt asks for all of them, in canonical order, in one statement, and a
 // partial grant is rolled back with the attempt. It never deadlocks.
 func WithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := newCall(db, fn, true).start(ctx, Key{}, keys, opts)
+	_, err := startCall(ctx, db, fn, Key{}, nonNilKeys(keys), false, opts)
 	return err
 }
 
@@ -81,16 +81,12 @@ func WithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Conte
 // failed connection, is returned with false. It never queues or waits, with
 // any option.
 func TryWithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	cl := newCall(db, fn, false)
-	cl.try = true
-	return cl.start(ctx, key, nil, opts)
+	return startCall(ctx, db, fn, key, nil, true, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	cl := newCall(db, fn, true)
-	cl.try = true
-	return cl.start(ctx, Key{}, keys, opts)
+	return startCall(ctx, db, fn, Key{}, nonNilKeys(keys), true, opts)
 }
 
 // Lock describes, inside fn, the lock fn runs under. Get it with
@@ -192,52 +188,31 @@ func stateFrom(ctx context.Context) (*lockState, bool) {
 	return st, ok
 }
 
-// An acquirer is an attempter whose granted lock runs fn: the seam of the
-// WithLock family, which run drives. ownTx (attempt.go) is database/sql's.
-type acquirer interface {
-	attempter
-	// hold runs fn with the granted lock, with st as its context, then
-	// ends the lock (commit or rollback). handOn, if not nil, runs once fn
-	// has returned, before the lock ends.
-	hold(st *lockState, handOn func()) error
-	// holdUnlocked runs fn without the lock, for WithFailOpen.
-	holdUnlocked(ctx context.Context, st *lockState) error
-	// pooled reports whether the next caller of a local queue can begin
-	// while this call's lock ends: its db is a pool, where each caller has
-	// a connection of its own.
-	pooled() bool
-}
-
 // call is the state of one WithLock-family call, in one allocation.
 type call struct {
-	c     config
-	a     ownTx
-	t     ticket
-	try   bool
-	multi bool      // WithLocks, TryWithLocks: keys come as a list
-	st0   lockState // the first round's fn context
-	one   [1]Key
+	c   config
+	a   ownTx
+	t   ticket
+	st0 lockState // the first round's fn context
+	one [1]Key
 }
 
-func newCall(db DB, fn func(context.Context, *sql.Tx) error, multi bool) *call {
-	cl := &call{multi: multi}
-	cl.a = ownTx{c: &cl.c, db: db, fn: fn}
-	return cl
-}
-
-// start validates the call's arguments, then locks and runs fn (see WithLock).
-func (cl *call) start(ctx context.Context, key Key, keys []Key, opts []Option) (acquired bool, err error) {
+// startCall validates a call's arguments, then locks and runs fn (see
+// WithLock): keys, or if keys is nil, key.
+func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) error, key Key, keys []Key, try bool, opts []Option) (acquired bool, err error) {
+	cl := &call{}
 	c, a := &cl.c, &cl.a
+	*a = ownTx{c: c, db: db, fn: fn}
 	if err := c.init(opts, false); err != nil {
 		return false, err
 	}
-	if nilDB(a.db) {
+	if nilDB(db) {
 		return false, fmt.Errorf("%w: db is nil", ErrInvalidArgument)
 	}
-	if a.fn == nil {
+	if fn == nil {
 		return false, fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
 	}
-	if cl.multi {
+	if keys != nil {
 		if a.keys, err = canonicalKeys(keys); err != nil {
 			return false, err
 		}
@@ -251,117 +226,27 @@ func (cl *call) start(ctx context.Context, key Key, keys []Key, opts []Option) (
 	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
-	if !cl.try && !c.shared {
+	if !try && !c.shared {
 		if h := queueHandle(a.db); h != nil {
 			t = &cl.t
 			t.key = queueKey{handle: h, stmt: a.stmt, serverWait: c.serverWait != nil}
 			a.pool, _ = h.(*sql.DB)
 		}
 	}
-	return lockLoop(ctx, c, c.waitMode(cl.try), a, a.keys, t, &cl.st0)
+	cl.st0.lock = Lock{Keys: a.keys, Shared: c.shared, Held: true}
+	return lockLoop(ctx, c, c.waitMode(try), a, t, &cl.st0)
 }
 
-// lockLoop is the lock loop of the WithLock family: wait for the lock, run fn
-// under it, and again after a serialization failure (WithSerializationRetries);
-// or, for WithFailOpen, run fn without the lock once the wait timed out. mode
-// is how the call waits (config.waitMode); t is the call's place in its local
-// queue, or nil if the call does not queue; st0 is the first round's fn
-// context.
-func lockLoop(ctx context.Context, c *config, mode waitMode, a acquirer, keys []Key, t *ticket, st0 *lockState) (acquired bool, err error) {
-	defer t.leave()
-	var draw *drawer
-	if c.fencing {
-		if draw, err = reserveFor(ctx, c, keys, a); err != nil {
-			return false, err
-		}
-		defer draw.release()
-	}
-	var fnErr error // the last round's result, once fn has run
-	for round := 0; ; round++ {
-		// Each round has its own state: a context that fn kept from an
-		// earlier round keeps describing that round's lock.
-		st := st0
-		if round > 0 {
-			st = &lockState{}
-		}
-		st.lock, st.draw = Lock{Keys: keys, Shared: c.shared, Held: true}, draw
-		if c.ev.on() {
-			st.ev = &c.ev
-		}
-		if err := c.wait(ctx, mode, &st.lock, a, t); err != nil {
-			t.leave()
-			var te *LockTimeoutError
-			switch {
-			case round > 0:
-				// fn has run, and failed: that is the call's result,
-				// whatever stopped the retry.
-				return true, errors.Join(fnErr, retryNotRun(ctx, err))
-			case errors.Is(err, errBusy):
-				return false, nil
-			case c.failOpen && errors.As(err, &te) && te.Err == nil:
-				return false, c.holdUnlocked(ctx, a, st, te)
-			}
-			return false, err
-		}
-		err = c.hold(ctx, mode, a, st, t)
-		if round >= c.serialRetries || !retryable(err) {
-			return true, err
-		}
-		fnErr = err
-		if !c.clock.sleep(ctx, c.pause(round+1)) {
-			return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
-		}
-		if c.ev.on() {
-			c.ev.emit(Event{Kind: SerializationRetry, Keys: keys, Shared: c.shared, Attempts: st.lock.Attempts, Err: err})
-		}
-	}
-}
-
-// hold runs fn under the granted lock with st as its context, through a,
-// then leaves the local queue. The next caller of the queue may start as
-// soon as fn is done, when each caller has a connection of its own (see
-// queue.go).
-func (c *config) hold(ctx context.Context, mode waitMode, a acquirer, st *lockState, t *ticket) error {
-	var handOn func()
-	if t != nil && t.entered() && a.pooled() {
-		if mode == inServer {
-			handOn = t.handOn
-		} else {
-			handOn = t.handOnEarly
-		}
-	}
-	if !c.ev.on() {
-		err := a.hold(st, handOn)
-		t.leave()
-		return err
-	}
-	st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
-	if c.ev.ctx != ctx {
-		st.obsCtx = c.ev.ctx
-	}
-	// The lock's end is reported also when fn panics.
-	panicked := true
-	defer func() {
-		if panicked {
-			c.released(st, errFnPanicked)
-		}
-	}()
-	err := a.hold(st, handOn)
-	panicked = false
-	t.leave()
-	c.released(st, err)
-	return err
-}
-
-// holdUnlocked runs fn without the lock, through a, once the wait timed
-// out as te says (WithFailOpen).
-func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState, te *LockTimeoutError) error {
+// holdUnlocked runs fn without the lock, through a, once the wait for st's
+// lock timed out (WithFailOpen).
+func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState) error {
+	l := &st.lock
 	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
-		"keys", keysString(te.Keys), "attempts", te.Attempts, "waited", te.Waited)
+		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)
 	if c.ev.on() {
-		c.ev.emit(Event{Kind: FailedOpen, Keys: te.Keys, Shared: c.shared, Attempts: te.Attempts, Waited: te.Waited})
+		c.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited})
 	}
-	st.lock.Held = false
+	l.Held = false
 	return a.holdUnlocked(ctx, st)
 }
 
@@ -393,9 +278,12 @@ func retryNotRun(ctx context.Context, err error) error {
 // errFnPanicked is the Err of the Released event of a fn that panicked.
 var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled back")
 
-// released reports the end of a held lock: HoldTimeout first if the hold
-// bound ended it.
+// released reports the end of a held lock, if the call has an Observer:
+// HoldTimeout first if the hold bound ended it.
 func (c *config) released(st *lockState, err error) {
+	if !c.ev.on() {
+		return
+	}
 	e := Event{Keys: st.lock.Keys, Shared: st.lock.Shared, Attempts: st.lock.Attempts, Waited: st.lock.Waited,
 		Held: c.clock.now().Sub(st.grantedAt)}
 	if errors.Is(err, ErrHoldTimeout) {
@@ -404,6 +292,15 @@ func (c *config) released(st *lockState, err error) {
 	}
 	e.Kind, e.Committed, e.Err = Released, err == nil, err
 	c.ev.emit(e)
+}
+
+// nonNilKeys returns keys, or an empty slice for nil: WithLocks with no keys
+// is refused as such, not taken for WithLock.
+func nonNilKeys(keys []Key) []Key {
+	if keys == nil {
+		return []Key{}
+	}
+	return keys
 }
 
 // canonicalKeys validates keys and returns them sorted, without duplicates.

@@ -210,7 +210,7 @@ type result struct {
 func start(ctx context.Context, c *config, a acquirer, t *ticket) <-chan result {
 	done := make(chan result, 1)
 	go func() {
-		ok, err := lockLoop(ctx, c, c.waitMode(false), a, testKeys, t, &lockState{})
+		ok, err := loopOn(ctx, c, c.waitMode(false), a, testKeys, t)
 		done <- result{ok, err}
 	}()
 	return done
@@ -374,7 +374,7 @@ func TestWaitDeadlineAttempts(t *testing.T) {
 			clk := newFakeClock()
 			c := testConfig(t, clk, tc.opts...)
 			a := &deadlineGuard{fakeLock: &fakeLock{name: "a", srv: srv}, clk: clk}
-			ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, nil, &lockState{})
+			ok, err := loopOn(context.Background(), c, c.waitMode(false), a, testKeys, nil)
 			assert.Zero(t, a.late.Load(), "an attempt started at or after the deadline")
 			assert.False(t, ok)
 			var te *LockTimeoutError
@@ -424,7 +424,7 @@ func TestWaitAttemptErrors(t *testing.T) {
 				return busy, tc.err
 			})
 			lock := Lock{Keys: testKeys}
-			err := c.wait(context.Background(), c.waitMode(false), &lock, a, nil)
+			err := waitOn(context.Background(), c, c.waitMode(false), &lock, a, nil)
 			assert.Equal(t, tc.timeout, errors.Is(err, ErrLockTimeout), "%v", err)
 			if !tc.timeout {
 				assert.ErrorIs(t, err, tc.err)
@@ -445,7 +445,7 @@ func TestWaitTryOnce(t *testing.T) {
 	require.True(t, srv.take("outsider"))
 	c := testConfig(t, newFakeClock(), WithServerWait(ServerWait{}))
 	a := &fakeLock{name: "a", srv: srv}
-	ok, err := lockLoop(context.Background(), c, tryOnce, a, testKeys, nil, &lockState{})
+	ok, err := loopOn(context.Background(), c, tryOnce, a, testKeys, nil)
 	require.NoError(t, err)
 	assert.False(t, ok)
 	require.Len(t, a.attempts(), 1)
@@ -453,13 +453,13 @@ func TestWaitTryOnce(t *testing.T) {
 	assert.Zero(t, QueueRefs())
 
 	srv.release("outsider")
-	ok, err = lockLoop(context.Background(), c, tryOnce, a, testKeys, nil, &lockState{})
+	ok, err = loopOn(context.Background(), c, tryOnce, a, testKeys, nil)
 	require.NoError(t, err)
 	assert.True(t, ok)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	ok, err = lockLoop(ctx, c, tryOnce, a, testKeys, nil, &lockState{})
+	ok, err = loopOn(ctx, c, tryOnce, a, testKeys, nil)
 	assert.False(t, ok)
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.NotErrorIs(t, err, ErrLockTimeout)
@@ -487,7 +487,7 @@ func TestWaitServerWaitQueueing(t *testing.T) {
 		lock := Lock{Keys: testKeys}
 		rec := &recordingAttempter{a: a}
 		tk := newTicket(new(int), true)
-		err := c.wait(context.Background(), c.waitMode(false), &lock, rec, tk)
+		err := waitOn(context.Background(), c, c.waitMode(false), &lock, rec, tk)
 		tk.leave()
 		var te *LockTimeoutError
 		require.ErrorAs(t, err, &te)
@@ -562,7 +562,7 @@ func TestRunSerializationRetries(t *testing.T) {
 		states = append(states, st)
 		return sqlStateError("40001")
 	}}
-	ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, nil, &lockState{})
+	ok, err := loopOn(context.Background(), c, c.waitMode(false), a, testKeys, nil)
 	assert.True(t, ok)
 	assert.Equal(t, "40001", SQLState(err))
 	assert.Equal(t, int32(3), rounds.Load(), "one round and two retries")
@@ -593,7 +593,7 @@ func TestRunRetryStoppedReportsFnError(t *testing.T) {
 				return sqlStateError("40001")
 			}}
 			a.afterRelease = func() { require.True(t, srv.take("outsider")) }
-			ok, err := lockLoop(context.Background(), c, c.waitMode(tc.try), a, testKeys, nil, &lockState{})
+			ok, err := loopOn(context.Background(), c, c.waitMode(tc.try), a, testKeys, nil)
 			assert.True(t, ok, "fn ran under the lock")
 			assert.Equal(t, 1, rounds)
 			assert.Equal(t, "40001", SQLState(err), "fn's error is reachable: %v", err)
@@ -706,7 +706,7 @@ func testRetriesRequeue(t *testing.T, wantRefs []int, opts ...Option) {
 	// A guard, not a timing assertion: the rounds take microseconds.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ok, err := lockLoop(ctx, c, c.waitMode(false), a, testKeys, newTicket(new(int), false), &lockState{})
+	ok, err := loopOn(ctx, c, c.waitMode(false), a, testKeys, newTicket(new(int), false))
 	assert.True(t, ok)
 	assert.Equal(t, "40001", SQLState(err), "%v", err)
 	assert.Equal(t, wantRefs, refs, "the first round holds the turn; the retries, uncontended, need none unless the key was busy recently")
@@ -725,7 +725,7 @@ func TestWaitTurnThenAttemptAtOnce(t *testing.T) {
 	a := &fakeLock{name: "a", srv: srv, onBusy: sync.OnceFunc(func() { srv.release("outsider") })}
 	tk := newTicket(new(int), false)
 	lock := Lock{Keys: testKeys}
-	err := c.wait(context.Background(), c.waitMode(false), &lock, a, tk)
+	err := waitOn(context.Background(), c, c.waitMode(false), &lock, a, tk)
 	tk.leave()
 	require.NoError(t, err)
 	assert.Equal(t, 2, lock.Attempts)
@@ -742,7 +742,7 @@ func TestWaitFailOpenLeavesQueue(t *testing.T) {
 	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithTimeout(50*time.Millisecond),
 		WithFailOpen(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	a := &failOpenLock{fakeLock: &fakeLock{name: "a", srv: srv}}
-	ok, err := lockLoop(context.Background(), c, c.waitMode(false), a, testKeys, newTicket(new(int), false), &lockState{})
+	ok, err := loopOn(context.Background(), c, c.waitMode(false), a, testKeys, newTicket(new(int), false))
 	require.NoError(t, err)
 	assert.False(t, ok)
 	require.Equal(t, []int{0}, a.refs, "fn ran once, after the call left its queue")
@@ -815,7 +815,7 @@ func TestWaitHeadWindow(t *testing.T) {
 			if tc.keys != nil {
 				lock.Keys = tc.keys
 			}
-			err := c.wait(context.Background(), c.waitMode(false), &lock, a, tk)
+			err := waitOn(context.Background(), c, c.waitMode(false), &lock, a, tk)
 			tk.leave()
 			require.NoError(t, err)
 			var windows []time.Duration
@@ -862,4 +862,38 @@ func TestSlowHandoff(t *testing.T) {
 	}
 	tickets[2].leave()
 	assert.Zero(t, QueueRefs())
+}
+
+// loopOn runs lockLoop for keys, from a first round's state of its own.
+func loopOn(ctx context.Context, c *config, mode waitMode, a attempter, keys []Key, t *ticket) (bool, error) {
+	return lockLoop(ctx, c, mode, a, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
+}
+
+// waitOn runs lockLoop's wait alone for lock, whose counts it updates, as
+// LockTx does: the granted lock is kept, and runs no fn. A busy try is
+// errBusy.
+func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a attempter, t *ticket) error {
+	st := &lockState{lock: *lock}
+	ok, err := lockLoop(ctx, c, mode, attemptOnly{a}, t, st)
+	*lock = st.lock
+	if !ok && err == nil {
+		return errBusy
+	}
+	return err
+}
+
+// attemptOnly hides every method of an attempter but attempt and idleConn.
+type attemptOnly struct{ attempter }
+
+func (a attemptOnly) idleConn() bool { return idleConn(a.attempter) }
+
+// A fn that panics in a call without an Observer goes on panicking as fn's
+// own panic, and no event is reported: the loop reports the lock's end only
+// to an Observer.
+func TestLoopPanicWithoutObserver(t *testing.T) {
+	c := testConfig(t, newFakeClock())
+	observerPanics[Released].Store(false)
+	a := &retryLock{fakeLock: fakeLock{name: "a", srv: &fakeServer{}}, fail: func(*lockState) error { panic("fn") }}
+	assert.PanicsWithValue(t, "fn", func() { _, _ = loopOn(context.Background(), c, c.waitMode(false), a, testKeys, nil) })
+	assert.False(t, observerPanics[Released].Load(), "an event was reported without an Observer")
 }

@@ -76,26 +76,42 @@ type DB interface {
 // runs fn in the same transaction, and commits: txlock.WithLock, with a
 // pgx.Tx.
 func WithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := lockCall(ctx, db, key, nil, false, fn, opts)
+	cl, err := newCall(db, fn, key, nil)
+	if err != nil {
+		return err
+	}
+	_, err = txlock.DriverLock(ctx, &cl.a, cl.keys, false, opts...)
 	return err
 }
 
 // WithLocks is WithLock for several keys, taken all or nothing:
 // txlock.WithLocks.
 func WithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
-	_, err := lockCall(ctx, db, txlock.Key{}, nonNil(keys), false, fn, opts)
+	cl, err := newCall(db, fn, txlock.Key{}, nonNil(keys))
+	if err != nil {
+		return err
+	}
+	_, err = txlock.DriverLock(ctx, &cl.a, cl.keys, false, opts...)
 	return err
 }
 
 // TryWithLock makes one attempt at key; if the lock is busy it returns
 // (false, nil) without running fn: txlock.TryWithLock.
 func TryWithLock[D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return lockCall(ctx, db, key, nil, true, fn, opts)
+	cl, err := newCall(db, fn, key, nil)
+	if err != nil {
+		return false, err
+	}
+	return txlock.DriverLock(ctx, &cl.a, cl.keys, true, opts...)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
-	return lockCall(ctx, db, txlock.Key{}, nonNil(keys), true, fn, opts)
+	cl, err := newCall(db, fn, txlock.Key{}, nonNil(keys))
+	if err != nil {
+		return false, err
+	}
+	return txlock.DriverLock(ctx, &cl.a, cl.keys, true, opts...)
 }
 
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
@@ -132,27 +148,27 @@ func (e execer) ExecRows(ctx context.Context, stmt string) (int64, error) {
 
 // call is a call's state, in one allocation.
 type call struct {
-	a   acquirer
-	one [1]txlock.Key
+	a    acquirer
+	keys []txlock.Key
+	one  [1]txlock.Key
 }
 
-// lockCall runs a call of the WithLock family with an acquirer on db:
-// keys, or if keys is nil, key.
-func lockCall[D DB](ctx context.Context, db D, key txlock.Key, keys []txlock.Key, try bool, fn func(context.Context, pgx.Tx) error, opts []txlock.Option) (bool, error) {
-	cl := &call{}
-	a := &cl.a
-	if err := a.on(any(db)); err != nil {
-		return false, err
+// newCall readies a call of the WithLock family on db, for keys, or if keys
+// is nil, key; txlock.DriverLock checks the keys and options.
+func newCall[D DB](db D, fn func(context.Context, pgx.Tx) error, key txlock.Key, keys []txlock.Key) (*call, error) {
+	cl := &call{keys: keys}
+	if err := cl.a.on(any(db)); err != nil {
+		return nil, err
 	}
 	if fn == nil {
-		return false, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: fn is nil", txlock.ErrInvalidArgument)
 	}
-	a.fn = fn
+	cl.a.fn = fn
 	if keys == nil {
 		cl.one[0] = key
-		keys = cl.one[:]
+		cl.keys = cl.one[:]
 	}
-	return txlock.DriverLock(ctx, a, keys, try, opts...)
+	return cl, nil
 }
 
 // on makes db the acquirer's, or says why it cannot be.

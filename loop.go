@@ -7,10 +7,12 @@ import (
 	"time"
 )
 
-// This file is the wait loop: how one call makes attempts until the lock is
-// granted, the deadline passes, or the context ends. It knows nothing of
-// database/sql: it drives an attempter, the seam through which every way of
-// acquiring (a transaction of txlock's own, a caller's transaction) plugs in.
+// This file is the lock loop (lockLoop): how one call makes attempts until
+// the lock is granted, the deadline passes, or the context ends, then runs
+// fn under the lock. It knows nothing of database/sql: it drives an
+// attempter, the seam through which every way of acquiring (a transaction of
+// txlock's own, a driver's, a caller's transaction) plugs in, and an
+// acquirer, an attempter whose granted lock runs fn.
 
 // An attempter makes lock attempts for one call.
 type attempter interface {
@@ -20,6 +22,23 @@ type attempter interface {
 	attempt(ctx context.Context, b bound) (outcome, error)
 }
 
+// An acquirer is an attempter whose granted lock runs fn: the seam of the
+// WithLock family. ownTx (attempt.go) is database/sql's, driverAcquirer
+// (driver.go) a driver's.
+type acquirer interface {
+	attempter
+	// hold runs fn with the granted lock, with st as its context, then
+	// ends the lock (commit or rollback). handOn, if not nil, runs once fn
+	// has returned, before the lock ends.
+	hold(st *lockState, handOn func()) error
+	// holdUnlocked runs fn without the lock, for WithFailOpen.
+	holdUnlocked(ctx context.Context, st *lockState) error
+	// pooled reports whether the next caller of a local queue can begin
+	// while this call's lock ends: its db is a pool, where each caller has
+	// a connection of its own.
+	pooled() bool
+}
+
 // outcome is what one attempt found, as the loop decides it.
 type outcome uint8
 
@@ -27,6 +46,7 @@ const (
 	busy    outcome = iota // another session holds a key; nothing is held
 	granted                // every key is held, until the attempt's transaction ends
 	standby                // the server is in recovery; nothing was locked
+	again                  // attempt again at once (waiter.sort)
 )
 
 // bound is what limits one attempt.
@@ -78,23 +98,133 @@ type realClock struct{}
 func (realClock) now() time.Time                                  { return time.Now() }
 func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
-// wait makes a's attempts until one is granted, and counts them in lock.
+// lockLoop is the lock algorithm, for every call, in one function. a makes
+// the attempts: for the WithLock family it is an acquirer, whose granted
+// lock runs fn; for LockTx and a term's campaign, whose granted lock is the
+// caller's to keep, the loop ends at the grant.
 //
-// A busy attempt is followed by a sleep (polling), by another window in the
-// server (inServer), or by errBusy (tryOnce): mode, see config.waitMode. If
-// t is not nil, the call queues locally behind the callers of this process
-// that wait for the same keys (see queue.go), and attempts only while it
-// has the turn. Every attempt and every sleep ends by the deadline: then, or
-// when ctx ends, the result is what waitEnded says (a *LockTimeoutError, or
-// a *CanceledError for a cancelled ctx). Its events are WaitStarted, one
-// for each busy attempt, and one for its end (exit and ended).
-func (c *config) wait(ctx context.Context, mode waitMode, lock *Lock, a attempter, t *ticket) error {
-	w := &waiter{c: c, mode: mode, lock: lock, a: a, t: t, start: c.clock.now(), headWindow: c.headWindow && mode == polling}
+//   - Wait: attempt until the lock is granted. After a busy attempt, sleep
+//     as the RetryStrategy says (polling), wait in the server again
+//     (inServer), or end with errBusy (tryOnce): mode, see config.waitMode.
+//     If t is not nil, the call queues locally behind the callers of this
+//     process that wait for the same keys (queue.go), and attempts only
+//     while it has the turn. The wait ends by its deadline, or with ctx: a
+//     *LockTimeoutError or a *CanceledError (waitEnded).
+//   - Hold: run fn under the lock, then commit or roll back (holder.runFn).
+//   - Retry: after fn's serialization failure, sleep, and go round again
+//     with a new wait (WithSerializationRetries).
+//   - Fail open: once the wait timed out, run fn without the lock
+//     (WithFailOpen).
+//
+// st is the first round's fn context, whose lock field says what is locked.
+// Events are emitted at the exits: waiter.exit and ended for the wait,
+// config.released for the hold.
+func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, t *ticket, st *lockState) (acquired bool, err error) {
+	h, runsFn := a.(acquirer)
+	if runsFn {
+		defer t.leave()
+		if c.fencing {
+			if st.draw, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
+				return false, err
+			}
+			defer st.draw.release()
+		}
+	}
+	w := &waiter{c: c, mode: mode, a: a, t: t}
 	defer w.wc.stop()
+	holding := false // fn runs: if it panics, the lock's end is reported
+	defer func() {
+		if holding {
+			c.released(st, errFnPanicked)
+		}
+	}()
+	var fnErr error // the last round's result, once fn has run
+	for round := 0; ; round++ {
+		err := w.begin(ctx, st)
+	wait:
+		for err == nil {
+			w.b.window = w.window()
+			out, aerr := a.attempt(ctx, w.b)
+			switch out, err = w.sort(ctx, out, aerr); {
+			case err != nil, out == again:
+			case out == granted:
+				break wait
+			case mode == tryOnce:
+				err = w.exit(Skipped, errBusy)
+			case !w.pause(ctx):
+				err = w.ended(ctx)
+			}
+		}
+		switch {
+		case err == nil:
+		case round > 0:
+			// fn has run, and failed: that is the call's result, whatever
+			// stopped the retry.
+			return true, errors.Join(fnErr, retryNotRun(ctx, err))
+		case errors.Is(err, errBusy):
+			return false, nil
+		case runsFn && c.failOpen && reachedDeadline(err):
+			t.leave()
+			return false, c.holdUnlocked(ctx, h, st)
+		default:
+			return false, err
+		}
+		if !runsFn {
+			return true, nil
+		}
+		handOn := w.granted(ctx, st, h)
+		holding = true
+		err = h.hold(st, handOn)
+		holding = false
+		t.leave()
+		c.released(st, err)
+		if round >= c.serialRetries || !retryable(err) {
+			return true, err
+		}
+		fnErr = err
+		if !c.clock.sleep(ctx, c.pause(round+1)) {
+			return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
+		}
+		w.event(SerializationRetry, err)
+		// Each round has its own state: a context that fn kept from an
+		// earlier round keeps describing that round's lock.
+		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true}, draw: st.draw}
+	}
+}
+
+// waiter is the state of one call's waits, a wait a round. The loop owns
+// it; config, what the options said, does not change during the call.
+type waiter struct {
+	c     *config
+	mode  waitMode
+	a     attempter
+	t     *ticket // the call's place in its local queue, or nil
+	lock  *Lock   // the round's lock
+	start time.Time
+	b     bound   // the next attempt's
+	wc    waitCtx // b.waitCtx, once needed
+	// headWindow: the default's one window as the queue's head
+	// (config.headWindow) is the call's to make; a server that refuses it
+	// is polled for the rest of the wait. headWaited: it was made.
+	headWindow, headWaited bool
+}
+
+// begin starts a round's wait for st's lock: its WaitStarted event, its
+// deadline, and the local queue, where the call may wait for its turn
+// before its first attempt. A non-nil error ends the wait.
+func (w *waiter) begin(ctx context.Context, st *lockState) error {
+	c := w.c
+	w.lock, w.start = &st.lock, c.clock.now()
+	w.headWindow, w.headWaited = c.headWindow && w.mode == polling, false
+	w.wc.stop()
+	w.wc = waitCtx{}
+	if c.ev.on() {
+		st.ev = &c.ev
+	}
 	w.event(WaitStarted, nil)
 	if err := ctx.Err(); err != nil {
-		if mode == tryOnce && !errors.Is(err, context.Canceled) {
-			return w.exit(Failed, fmt.Errorf("txlock: %s not attempted: %w", keysString(lock.Keys), err))
+		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
+			return w.exit(Failed, fmt.Errorf("txlock: %s not attempted: %w", keysString(w.lock.Keys), err))
 		}
 		return w.ended(ctx)
 	}
@@ -104,67 +234,69 @@ func (c *config) wait(ctx context.Context, mode waitMode, lock *Lock, a attempte
 	// if others are queued already, so as not to overtake them, or, with
 	// the default strategy, if its lock was busy recently: its first
 	// attempt can then be its window in the server.
-	if t != nil && (mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
+	if t := w.t; t != nil && (w.mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
 		return w.ended(ctx)
 	}
-	for {
-		w.b.window = w.window()
-		out, err := a.attempt(ctx, w.b)
-		if err != nil && w.b.window > 0 && mode == polling && isIsolationError(err) {
-			// The server's default isolation is above ReadCommitted: the
-			// window was refused before it waited. Poll instead.
-			w.headWindow = false
-			continue
-		}
-		w.tookHandoff(out, err)
-		if err != nil {
-			if !w.endedBy(ctx, err) {
-				return w.exit(Failed, lockError(lock.Keys, err))
-			}
-			if w.b.window > 0 {
-				// The wait ended while the statement waited in the server:
-				// that window was an attempt, and found the lock busy for
-				// as long as it lasted.
-				lock.Attempts++
-				w.event(Busy, nil)
-			}
-			return w.ended(ctx)
-		}
-		lock.Attempts++
-		switch out {
-		case granted:
-			return w.exit(Acquired, nil)
-		case standby:
-			return w.exit(StandbyRefused, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(lock.Keys)))
-		}
-		w.event(Busy, nil)
-		if w.headWindow && t != nil {
-			t.markBusy(c.clock.now())
-		}
-		if mode == tryOnce {
-			return w.exit(Skipped, errBusy)
-		}
-		if !w.pause(ctx) {
-			return w.ended(ctx)
-		}
-	}
+	return nil
 }
 
-// waiter is one wait's state. The wait owns it; config, what the options
-// said, does not change during the wait.
-type waiter struct {
-	c     *config
-	mode  waitMode
-	lock  *Lock
-	a     attempter
-	t     *ticket // the call's place in its local queue, or nil
-	start time.Time
-	b     bound   // the next attempt's
-	wc    waitCtx // b.waitCtx, once needed
-	// headWindow: the default's one window as the queue's head
-	// (config.headWindow) is the call's to make; a server that refuses it
-	// is polled for the rest of the wait. headWaited: it was made.
-	headWindow, headWaited bool
+// sort counts an attempt, and says what its result means for the wait:
+// granted, busy, or again (attempt at once), or an error that ends the
+// wait, reported as its event.
+func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, error) {
+	if err != nil && w.b.window > 0 && w.mode == polling && isIsolationError(err) {
+		// The server's default isolation is above ReadCommitted: the
+		// window was refused before it waited. Poll instead.
+		w.headWindow = false
+		return again, nil
+	}
+	w.tookHandoff(out, err)
+	if err != nil {
+		if !w.endedBy(ctx, err) {
+			return busy, w.exit(Failed, lockError(w.lock.Keys, err))
+		}
+		if w.b.window > 0 {
+			// The wait ended while the statement waited in the server:
+			// that window was an attempt, and found the lock busy for as
+			// long as it lasted.
+			w.lock.Attempts++
+			w.event(Busy, nil)
+		}
+		return busy, w.ended(ctx)
+	}
+	w.lock.Attempts++
+	switch out {
+	case granted:
+		return granted, w.exit(Acquired, nil)
+	case standby:
+		return standby, w.exit(StandbyRefused, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(w.lock.Keys)))
+	}
+	w.event(Busy, nil)
+	if w.headWindow && w.t != nil {
+		w.t.markBusy(w.c.clock.now())
+	}
+	return busy, nil
+}
+
+// granted readies st for fn under the lock that h was granted, and returns
+// the handoff that fn's return makes: the next caller of the local queue
+// may start as soon as fn is done, when each caller has a connection of its
+// own (see queue.go); nil if there is none.
+func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn func()) {
+	w.wc.stop()
+	if c := w.c; c.ev.on() {
+		st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
+		if c.ev.ctx != ctx {
+			st.obsCtx = c.ev.ctx
+		}
+	}
+	switch t := w.t; {
+	case t == nil || !t.entered() || !h.pooled():
+		return nil
+	case w.mode == inServer:
+		return t.handOn
+	}
+	return w.t.handOnEarly
 }
 
 // window is how long the next attempt may wait in the server's lock queue:
@@ -278,7 +410,7 @@ func (w *waiter) event(kind EventKind, err error) {
 	}
 	e := Event{Kind: kind, Keys: w.lock.Keys, Shared: w.lock.Shared, CallerTx: w.c.inTx, Attempts: w.lock.Attempts, Err: err}
 	switch kind {
-	case WaitStarted:
+	case WaitStarted, SerializationRetry:
 	case Busy:
 		e.Waited = w.c.clock.now().Sub(w.start)
 	default:
