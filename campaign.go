@@ -136,7 +136,7 @@ func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool
 		st.draw = d
 	}
 	ta := termAttempter{a: a}
-	acquired, err := lockLoop(ctx, c, c.waitMode(try), &ta, q, st)
+	acquired, err := lockLoop(ctx, c, c.waitMode(try), &ta, nil, q, st)
 	if acquired {
 		t.h, t.tx, err = a.granted(st)
 	}

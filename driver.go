@@ -40,7 +40,7 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 		t.key = queueKey{handle: pool, stmt: dc.a.query, serverWait: c.serverWait != nil}
 	}
 	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
-	return lockLoop(ctx, c, c.waitMode(try), &dc.a, t, &dc.st0)
+	return lockLoop(ctx, c, c.waitMode(try), &dc.a, &dc.a, t, &dc.st0)
 }
 
 // DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction

@@ -42,7 +42,7 @@ func BenchEvents(b *testing.B, o Observer) {
 		c.ev = events{o: o}
 		c.ev.start(context.Background())
 		*st = lockState{lock: Lock{Keys: keys, Held: true}}
-		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, nil, st); err != nil {
+		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, a, nil, st); err != nil {
 			b.Fatal(err)
 		}
 	}

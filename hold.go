@@ -158,6 +158,63 @@ func (h *holder) ended() error {
 	return fmt.Errorf("txlock: transaction rolled back: %w", cause)
 }
 
+// holdUnlocked runs fn without the lock, through a, once the wait for st's
+// lock timed out (WithFailOpen).
+func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState) error {
+	l := &st.lock
+	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
+		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)
+	if c.ev.on() {
+		c.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited})
+	}
+	l.Held = false
+	return a.holdUnlocked(ctx, st)
+}
+
+// retryNotRun explains why fn was not run again after a serialization
+// failure: the retry's wait ended in err. It does not match the wait's
+// sentinels (ErrLockTimeout), since fn did run under the lock; a context's
+// end stays reachable with errors.Is.
+func retryNotRun(ctx context.Context, err error) error {
+	msg := "txlock: fn was not run again after its serialization failure"
+	var te *LockTimeoutError
+	var ce *CanceledError
+	switch {
+	case errors.Is(err, errBusy):
+		return errors.New(msg + ": the retry found the lock busy")
+	case err == ctx.Err():
+		return fmt.Errorf("%s: %w", msg, err)
+	case errors.As(err, &te), errors.As(err, &ce):
+		// The wait's end, described but not matched: fn did run.
+		if cerr := ctx.Err(); cerr != nil {
+			return fmt.Errorf("%s: %v: %w", msg, err, cerr)
+		}
+		return fmt.Errorf("%s: %v", msg, err)
+	}
+	// Another error of the retry's wait (ErrStandby, a connection error)
+	// stays reachable.
+	return fmt.Errorf("%s: %w", msg, err)
+}
+
+// errFnPanicked is the Err of the Released event of a fn that panicked.
+var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled back")
+
+// released reports the end of a held lock, if the call has an Observer:
+// HoldTimeout first if the hold bound ended it.
+func (c *config) released(st *lockState, err error) {
+	if !c.ev.on() {
+		return
+	}
+	e := Event{Keys: st.lock.Keys, Shared: st.lock.Shared, Attempts: st.lock.Attempts, Waited: st.lock.Waited,
+		Held: c.clock.now().Sub(st.grantedAt)}
+	if errors.Is(err, ErrHoldTimeout) {
+		e.Kind = HoldTimeout
+		c.ev.emit(e)
+	}
+	e.Kind, e.Committed, e.Err = Released, err == nil, err
+	c.ev.emit(e)
+}
+
 // sqlHeld is a database/sql transaction as a driver.Tx, and, for a term,
 // a driver.TermTx.
 type sqlHeld struct {

@@ -65,7 +65,7 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.stmt = lockStatement(a.st.lock.Keys, c.shared, c.maxHold, formCallerTx)
 	c.ev.start(ctx)
-	return lockLoop(ctx, c, c.waitMode(try), a, nil, &a.st)
+	return lockLoop(ctx, c, c.waitMode(try), a, nil, nil, &a.st)
 }
 
 // callerTx is the attempter of LockTx: each attempt is a statement in the

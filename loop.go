@@ -99,9 +99,9 @@ func (realClock) now() time.Time                                  { return time.
 func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
 // lockLoop is the lock algorithm, for every call, in one function. a makes
-// the attempts: for the WithLock family it is an acquirer, whose granted
-// lock runs fn; for LockTx and a term's campaign, whose granted lock is the
-// caller's to keep, the loop ends at the grant.
+// the attempts. For the WithLock family h, the same acquirer, runs fn
+// under the granted lock; for LockTx and a term's campaign h is nil, and
+// the loop ends at the grant: the lock is the caller's to keep.
 //
 //   - Wait: attempt until the lock is granted. After a busy attempt, sleep
 //     as the RetryStrategy says (polling), wait in the server again
@@ -117,64 +117,70 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 //     (WithFailOpen).
 //
 // st is the first round's fn context, whose lock field says what is locked.
-// Events are emitted at the exits: waiter.exit and ended for the wait,
-// config.released for the hold.
-func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, t *ticket, st *lockState) (acquired bool, err error) {
-	h, runsFn := a.(acquirer)
-	if runsFn {
-		defer t.leave()
-		if c.fencing {
-			if st.draw, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
-				return false, err
-			}
-			defer st.draw.release()
-		}
-	}
+// The events are reported by the waiter (waiter.event: WaitStarted and Busy
+// as they happen, the wait's end at its exits) and by the hold's end
+// (config.released, config.holdUnlocked).
+func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acquirer, t *ticket, st *lockState) (bool, error) {
 	w := &waiter{c: c, mode: mode, a: a, t: t}
-	defer w.wc.stop()
 	holding := false // fn runs: if it panics, the lock's end is reported
-	defer func() {
+	defer func() {   // one defer, which the compiler open-codes
 		if holding {
 			c.released(st, errFnPanicked)
 		}
+		w.wc.stop()
+		if h != nil {
+			t.leave()
+			if st.draw != nil {
+				st.draw.release()
+			}
+		}
 	}()
+	if h != nil && c.fencing {
+		var err error
+		if st.draw, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
+			return false, err
+		}
+	}
 	var fnErr error // the last round's result, once fn has run
 	for round := 0; ; round++ {
-		err := w.begin(ctx, st)
+		werr := w.begin(ctx, st)
 	wait:
-		for err == nil {
+		for werr == nil {
 			w.b.window = w.window()
-			out, aerr := a.attempt(ctx, w.b)
-			switch out, err = w.sort(ctx, out, aerr); {
-			case err != nil, out == again:
+			out, err := a.attempt(ctx, w.b)
+			out, werr = w.sort(ctx, out, err)
+			switch {
+			case werr != nil || out == again:
+				continue
 			case out == granted:
 				break wait
 			case mode == tryOnce:
-				err = w.exit(Skipped, errBusy)
+				werr = w.exit(Skipped, errBusy)
 			case !w.pause(ctx):
-				err = w.ended(ctx)
+				werr = w.ended(ctx)
 			}
 		}
 		switch {
-		case err == nil:
+		case werr == nil:
 		case round > 0:
 			// fn has run, and failed: that is the call's result, whatever
 			// stopped the retry.
-			return true, errors.Join(fnErr, retryNotRun(ctx, err))
-		case errors.Is(err, errBusy):
+			return true, errors.Join(fnErr, retryNotRun(ctx, werr))
+		case errors.Is(werr, errBusy):
 			return false, nil
-		case runsFn && c.failOpen && reachedDeadline(err):
+		case h != nil && c.failOpen && reachedDeadline(werr):
+			w.wc.stop()
 			t.leave()
 			return false, c.holdUnlocked(ctx, h, st)
 		default:
-			return false, err
+			return false, werr
 		}
-		if !runsFn {
+		if h == nil {
 			return true, nil
 		}
 		handOn := w.granted(ctx, st, h)
 		holding = true
-		err = h.hold(st, handOn)
+		err := h.hold(st, handOn)
 		holding = false
 		t.leave()
 		c.released(st, err)
@@ -278,8 +284,9 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 	return busy, nil
 }
 
-// granted readies st for fn under the lock that h was granted, and returns
-// the handoff that fn's return makes: the next caller of the local queue
+// granted ends the wait (its context), readies st for fn under the lock
+// that h was granted, and returns the handoff that fn's return makes: the
+// next caller of the local queue
 // may start as soon as fn is done, when each caller has a connection of its
 // own (see queue.go); nil if there is none.
 func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn func()) {
@@ -290,13 +297,14 @@ func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn
 			st.obsCtx = c.ev.ctx
 		}
 	}
-	switch t := w.t; {
+	t := w.t
+	switch {
 	case t == nil || !t.entered() || !h.pooled():
 		return nil
 	case w.mode == inServer:
 		return t.handOn
 	}
-	return w.t.handOnEarly
+	return t.handOnEarly
 }
 
 // window is how long the next attempt may wait in the server's lock queue:

@@ -864,9 +864,11 @@ func TestSlowHandoff(t *testing.T) {
 	assert.Zero(t, QueueRefs())
 }
 
-// loopOn runs lockLoop for keys, from a first round's state of its own.
+// loopOn runs lockLoop for keys, from a first round's state of its own: a
+// runs fn if it is an acquirer.
 func loopOn(ctx context.Context, c *config, mode waitMode, a attempter, keys []Key, t *ticket) (bool, error) {
-	return lockLoop(ctx, c, mode, a, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
+	h, _ := a.(acquirer)
+	return lockLoop(ctx, c, mode, a, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
 }
 
 // waitOn runs lockLoop's wait alone for lock, whose counts it updates, as
@@ -874,18 +876,13 @@ func loopOn(ctx context.Context, c *config, mode waitMode, a attempter, keys []K
 // errBusy.
 func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a attempter, t *ticket) error {
 	st := &lockState{lock: *lock}
-	ok, err := lockLoop(ctx, c, mode, attemptOnly{a}, t, st)
+	ok, err := lockLoop(ctx, c, mode, a, nil, t, st)
 	*lock = st.lock
 	if !ok && err == nil {
 		return errBusy
 	}
 	return err
 }
-
-// attemptOnly hides every method of an attempter but attempt and idleConn.
-type attemptOnly struct{ attempter }
-
-func (a attemptOnly) idleConn() bool { return idleConn(a.attempter) }
 
 // A fn that panics in a call without an Observer goes on panicking as fn's
 // own panic, and no event is reported: the loop reports the lock's end only
@@ -897,3 +894,4 @@ func TestLoopPanicWithoutObserver(t *testing.T) {
 	assert.PanicsWithValue(t, "fn", func() { _, _ = loopOn(context.Background(), c, c.waitMode(false), a, testKeys, nil) })
 	assert.False(t, observerPanics[Released].Load(), "an event was reported without an Observer")
 }
+
