@@ -303,6 +303,8 @@ func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn
 		return nil
 	case w.mode == inServer:
 		return t.handOn
+	case w.headWindow && t.handOnAtGrant():
+		return t.markHandoff
 	}
 	return t.handOnEarly
 }

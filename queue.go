@@ -35,7 +35,10 @@ import (
 //     other processes wait for it in the server), or the last handoff took
 //     longer than slowHandoff (a COMMIT's round trip across a network);
 //     then it is the call's window in the server, sent at once without
-//     waiting for the channel, which queues behind the holder.
+//     waiting for the channel, which queues behind the holder. After such
+//     a slow handoff the turn passes earlier still, as soon as the holder's
+//     lock is granted (handOnAtGrant): the next caller's BEGIN and window
+//     then go out during the hold.
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
 //     holder's transaction ends, with no round trip in between.
@@ -215,6 +218,30 @@ func (t *ticket) handOnEarly() {
 	t.passTurnLocked(t.end)
 }
 
+// handOnAtGrant passes the turn on as soon as the call's lock is granted,
+// when the last handoff of its queue was slower than slowHandoff (a network
+// between the process and the server) and another caller is queued. The
+// next caller's window then goes to the server during this call's hold,
+// and is granted the moment this call's transaction ends, with no round
+// trip between; its BEGIN, a round trip of its own on database/sql, is out
+// of the way too. The turn carries t.end, as handOnEarly's does, for a
+// poll. It reports whether the turn was passed: fn's return then only
+// starts the handoff's measure (markHandoff).
+func (t *ticket) handOnAtGrant() bool {
+	queues.Lock()
+	defer queues.Unlock()
+	if t.q.handoff <= slowHandoff || len(t.q.waiting) == 0 {
+		return false
+	}
+	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Time{}, t.q
+	t.passTurnLocked(t.end)
+	return true
+}
+
+// markHandoff starts the measure of a handoff that handOnAtGrant made: from
+// fn's return to the transaction's end, as for handOnEarly's.
+func (t *ticket) markHandoff() { t.handedAt = time.Now() }
+
 // handOn passes the turn on at once, carrying nothing: the next caller may
 // start its wait in the server while this call's transaction ends.
 func (t *ticket) handOn() { t.passTurn(nil) }
@@ -229,9 +256,11 @@ func (t *ticket) leave() {
 	if t.end != nil {
 		close(t.end)
 		t.end = nil
-		queues.Lock()
-		t.handedIn.handoff = time.Since(t.handedAt)
-		queues.Unlock()
+		if !t.handedAt.IsZero() { // zero: fn panicked before markHandoff
+			queues.Lock()
+			t.handedIn.handoff = time.Since(t.handedAt)
+			queues.Unlock()
+		}
 		t.handedIn = nil
 	}
 	if t.q != nil {

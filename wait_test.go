@@ -895,3 +895,44 @@ func TestLoopPanicWithoutObserver(t *testing.T) {
 	assert.False(t, observerPanics[Released].Load(), "an event was reported without an Observer")
 }
 
+// After a slow handoff, the turn passes as soon as the holder's lock is
+// granted, with a channel that the holder's leave closes; the handoff is
+// measured from markHandoff (fn's return). After a quick handoff, or with
+// nobody queued, the holder keeps the turn.
+func TestHandOnAtGrant(t *testing.T) {
+	h := new(int)
+	holder, next := newTicket(h, false), newTicket(h, false)
+	require.True(t, holder.enter(context.Background()))
+	assert.False(t, holder.handOnAtGrant(), "nobody is queued")
+
+	entered := make(chan bool)
+	go func() { entered <- next.enter(context.Background()) }()
+	eventually(t, func() bool {
+		queues.Lock()
+		defer queues.Unlock()
+		return len(queues.m[holder.key].waiting) == 1
+	}, "the next caller queues")
+	assert.False(t, holder.handOnAtGrant(), "no handoff was slow yet")
+
+	queues.Lock()
+	holder.q.handoff = 2 * slowHandoff
+	queues.Unlock()
+	require.True(t, holder.handOnAtGrant())
+	require.True(t, <-entered, "the turn passed at the grant")
+	require.NotNil(t, next.prevEnd)
+	select {
+	case <-next.prevEnd:
+		t.Fatal("the turn's channel is closed before the holder's transaction ended")
+	default:
+	}
+	start := time.Now()
+	holder.markHandoff()
+	holder.leave()
+	elapsed := time.Since(start)
+	<-next.prevEnd // closed by leave
+	if elapsed < slowHandoff {
+		assert.False(t, next.handoffSlow(), "measured from fn's return: %v", elapsed)
+	}
+	next.leave()
+	assert.Zero(t, QueueRefs())
+}
