@@ -93,6 +93,25 @@ func ExampleWithLock() {
 
 // A singleton job: each instance tries once, and skips the run if another
 // instance has it. This example needs a database, so it is compiled but not run.
+func ExampleDo() {
+	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	// The next invoice number of a tenant, taken under the tenant's lock.
+	key := txlock.NewKeyspace("invoices").Key("tenant:42")
+	next, err := txlock.Do(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) (n int64, err error) {
+		err = tx.QueryRowContext(ctx, `UPDATE tenants SET last_invoice = last_invoice + 1 WHERE id = 42 RETURNING last_invoice`).Scan(&n)
+		return n, err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("invoice %d", next)
+}
+
 func ExampleTryWithLock() {
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	if err != nil {

@@ -114,6 +114,39 @@ func TryWithLocks[D DB](ctx context.Context, db D, keys []txlock.Key, fn func(ct
 	return txlock.DriverLock(ctx, &cl.a, cl.keys, true, opts...)
 }
 
+// Do is WithLock for a fn that returns a value: txlock.Do, with a pgx.Tx.
+// The value is returned only with a nil error.
+func Do[T any, D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...txlock.Option) (T, error) {
+	v, _, err := do(ctx, db, key, fn, false, opts)
+	return v, err
+}
+
+// TryDo is TryWithLock for a fn that returns a value: txlock.TryDo, with a
+// pgx.Tx.
+func TryDo[T any, D DB](ctx context.Context, db D, key txlock.Key, fn func(ctx context.Context, tx pgx.Tx) (T, error), opts ...txlock.Option) (v T, acquired bool, err error) {
+	return do(ctx, db, key, fn, true, opts)
+}
+
+func do[T any, D DB](ctx context.Context, db D, key txlock.Key, fn func(context.Context, pgx.Tx) (T, error), try bool, opts []txlock.Option) (T, bool, error) {
+	var v, zero T
+	var run func(context.Context, pgx.Tx) error // nil for a nil fn, which newCall refuses
+	if fn != nil {
+		run = func(ctx context.Context, tx pgx.Tx) (err error) {
+			v, err = fn(ctx, tx)
+			return err
+		}
+	}
+	cl, err := newCall(db, run, key, nil)
+	if err != nil {
+		return zero, false, err
+	}
+	acquired, err := txlock.DriverLock(ctx, &cl.a, cl.keys, try, opts...)
+	if err != nil {
+		return zero, acquired, err
+	}
+	return v, acquired, nil
+}
+
 // LockTx takes the transaction-scoped advisory lock key inside the caller's
 // transaction tx: txlock.LockTx. Its statements take no arguments, so pgx
 // sends them with the simple protocol in every exec mode.
