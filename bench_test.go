@@ -155,3 +155,8 @@ func BenchmarkEventsOff(b *testing.B) { txlock.BenchEvents(b, nil) }
 func BenchmarkEventsNop(b *testing.B) {
 	txlock.BenchEvents(b, txlock.ObserverFunc(func(ctx context.Context, _ txlock.Event) context.Context { return ctx }))
 }
+
+// The cost of naming the holder: compare with BenchmarkWithLockUncontended.
+func BenchmarkWithLockUncontendedOwner(b *testing.B) {
+	benchWithLock(b, context.Background(), txlock.WithOwner("export-worker host-a pid 42 req 7f3a"))
+}

@@ -214,6 +214,9 @@ func (c *config) termRefusals() []termRefusal {
 	if c.serialSet {
 		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
 	}
+	if c.owner != "" {
+		refuse("WithOwner", "a term's transaction does not name its holder yet")
+	}
 	switch o := c.txOpts; {
 	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:
 	case o.Isolation < sql.LevelReadCommitted:

@@ -37,7 +37,7 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	var t *ticket
 	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
 		t = &dc.t
-		t.key = queueKey{handle: pool, stmt: dc.a.query, serverWait: c.serverWait != nil}
+		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query), serverWait: c.serverWait != nil}
 	}
 	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
 	return lockLoop(ctx, c, c.waitMode(try), &dc.a, &dc.a, t, &dc.st0)
@@ -83,7 +83,7 @@ var _ acquirer = (*driverAcquirer)(nil)
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
 	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
 	if b.window > 0 {
-		at.Window, at.Stmt = b.window, quietWaitStatement(d.keys, d.c.shared, d.c.maxHold, b.window)
+		at.Window, at.Stmt = b.window, quietWaitStatement(d.c.spec(d.keys), b.window)
 		at.Query = d.begin + "; " + at.Stmt
 	}
 	var bounded time.Time // the attempt's bound, if it comes before the wait's deadline
@@ -250,7 +250,7 @@ func (d *driverAcquirer) plan() error {
 		}
 	}
 	if d.stmt == "" { // one allocation: the statement is the query's tail
-		d.query = lockStatement(d.keys, c.shared, c.maxHold, formOwnTx, d.begin, "; ")
+		d.query = lockStatement(c.spec(d.keys), formOwnTx, d.begin, "; ")
 	} else {
 		d.query = d.begin + "; " + d.stmt
 	}

@@ -10,7 +10,9 @@ import (
 func PgLocksOf(k Key) (classid, objid uint32, objsubid int) { return k.pgLocks() }
 
 // LockStatement exposes lockStatement to the external tests.
-var LockStatement = lockStatement
+func LockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm) string {
+	return lockStatement(lockSpec{keys: keys, shared: shared, maxHold: maxHold}, f)
+}
 
 // QuoteIdent exposes quoteIdent to the external tests.
 var QuoteIdent = quoteIdent

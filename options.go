@@ -84,6 +84,7 @@ type config struct {
 	shared        bool
 	txOpts        *sql.TxOptions
 	maxHold       time.Duration
+	owner         string // WithOwner's label
 	failOpen      bool
 	logger        *slog.Logger
 	serialRetries int
@@ -221,6 +222,41 @@ func WithMaxHold(d time.Duration) Option {
 		}
 		c.maxHold = d
 	}
+}
+
+// WithOwner names the lock's holder for operators: once the lock is
+// granted, its transaction's application_name is label, which
+// pg_stat_activity and `txlock locks` show beside the lock while it is
+// held. The name is set by the lock statement itself, with no round trip
+// of its own, and only once the lock is granted; it ends with the
+// transaction, which sets the session's own name back (behind PgBouncer
+// too: the next client of the server connection sees its own name). label
+// must be 1 to 63 printable ASCII characters (application_name's limit);
+// build it from what identifies the caller, such as a host, a pid and a
+// request's id. It is off by default. Terms refuse it.
+func WithOwner(label string) Option {
+	return func(c *config) {
+		if err := checkOwner(label); err != "" {
+			c.fail("WithOwner: %s", err)
+		}
+		c.owner = label
+	}
+}
+
+// checkOwner says what is wrong with a WithOwner label, or "".
+func checkOwner(label string) string {
+	switch {
+	case label == "":
+		return "the label is empty"
+	case len(label) > 63:
+		return fmt.Sprintf("the label is %d bytes, longer than application_name's 63", len(label))
+	}
+	for i := 0; i < len(label); i++ {
+		if c := label[i]; c < 0x20 || c > 0x7e {
+			return fmt.Sprintf("the label %q holds a byte (%#02x at %d) that is not printable ASCII, which the server would replace", label, c, i)
+		}
+	}
+	return ""
 }
 
 // WithFailOpen makes WithLock and WithLocks run fn without the lock when the

@@ -290,6 +290,19 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 	next.turn <- prevEnd
 }
 
+// queueStmt is the statement that names the local queue of keys for c's
+// calls, given their lock statement stmt: stmt itself, or without the
+// holder's label (WithOwner), so that calls with different labels share a
+// queue.
+func (c *config) queueStmt(keys []Key, stmt string) string {
+	if c.owner == "" {
+		return stmt
+	}
+	s := c.spec(keys)
+	s.owner = ""
+	return lockStatement(s, formOwnTx)
+}
+
 // queueHandle is the identity of db for the local queues, or nil if its
 // calls do not queue. A DB that wraps another handle for one call (as
 // package sqlxlock does) names the handle it wraps with a TxlockQueueHandle

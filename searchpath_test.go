@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"slices"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -237,12 +237,7 @@ func withSearchPath(t *testing.T, dsn, path string) string {
 	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
 		return dsn + " search_path='" + path + "'"
 	}
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("search_path", path)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return locktest.WithParam(t, dsn, "search_path", path)
 }
 
 // hostileDirect returns a hostile schema on the shared test server, and a

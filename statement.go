@@ -73,9 +73,10 @@ import (
 //	  ELSE true END
 //
 // A prefix, if given, comes before the statement, in the same allocation.
-func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, prefix ...string) string {
+func lockStatement(s lockSpec, f stmtForm, prefix ...string) string {
+	keys, maxHold := s.keys, s.maxHold
 	fn := "pg_catalog.pg_try_advisory_xact_lock("
-	if shared {
+	if s.shared {
 		fn = "pg_catalog.pg_try_advisory_xact_lock_shared("
 	}
 	no, yes, elseYes := " THEN 0", " THEN 1 ELSE 0 END)", " ELSE 1 END)"
@@ -92,7 +93,8 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, p
 	}
 	b = appendHoldBound(b, maxHold, no)
 	b = append(b, " WHEN "...)
-	if maxHold > 0 {
+	afterGrant := maxHold > 0 || s.owner != ""
+	if afterGrant {
 		b = append(b, "NOT ("...)
 	}
 	for i, k := range keys {
@@ -103,15 +105,45 @@ func lockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm, p
 		b = appendSQLArgs(b, k)
 		b = append(b, ')')
 	}
-	if maxHold <= 0 {
+	if !afterGrant {
 		b = append(b, yes...)
 	} else {
 		b = append(b, ')')
 		b = append(b, no...)
 		b = appendTxTimeout(b, maxHold, no)
+		b = appendOwner(b, s.owner, no)
 		b = append(b, elseYes...)
 	}
 	return string(b)
+}
+
+// lockSpec is what a lock statement asks for, as a call's options say.
+type lockSpec struct {
+	keys    []Key // in canonical order
+	shared  bool
+	maxHold time.Duration
+	owner   string // WithOwner's label, or ""
+}
+
+// spec is c's lockSpec for keys.
+func (c *config) spec(keys []Key) lockSpec {
+	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner}
+}
+
+// appendOwner appends, for a holder's label (WithOwner), a CASE branch that
+// sets application_name for the transaction, reached only once every lock
+// is granted: a busy attempt leaves the session's name as it was. The
+// server reports the name in pg_stat_activity at once, and sets it back
+// when the transaction ends. set_config returns the value, never NULL, so
+// the branch's result (then) is never taken.
+func appendOwner(b []byte, owner, then string) []byte {
+	if owner == "" {
+		return b
+	}
+	b = append(b, " WHEN pg_catalog.set_config('application_name', "...)
+	b = append(b, quoteLiteral(owner)...)
+	b = append(b, ", true) IS NULL"...)
+	return append(b, then...)
 }
 
 // stmtForm is how a lock statement reports its outcome: see lockStatement.
@@ -158,15 +190,17 @@ const (
 // waits, as in lockStatement, and transaction_timeout after them, once every
 // lock is granted (see appendTxTimeout): the wait does not count against the
 // bound, and a window longer than the bound cannot end the session.
-func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) string {
+func waitStatement(s lockSpec, window time.Duration) string {
+	keys, maxHold := s.keys, s.maxHold
 	fn := "pg_catalog.pg_advisory_xact_lock("
-	if shared {
+	if s.shared {
 		fn = "pg_catalog.pg_advisory_xact_lock_shared("
 	}
 	n := 768 + len(keys)*(len(fn)+80)
 	if maxHold > 0 {
 		n += 800
 	}
+	n += len(s.owner) * 2
 	b := make([]byte, 0, n)
 	b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
 		" WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['repeatable read', 'serializable'])"+
@@ -183,6 +217,7 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 		b = append(b, ")::pg_catalog.text IS NULL THEN 0"...)
 	}
 	b = appendTxTimeout(b, maxHold, " THEN 0")
+	b = appendOwner(b, s.owner, " THEN 0")
 	b = append(b, " WHEN pg_catalog.set_config('lock_timeout', pg_catalog.current_setting('txlock.lock_timeout', true), true) IS NULL THEN 0 ELSE 1 END)"...)
 	return string(b)
 }
@@ -208,15 +243,15 @@ func waitStatement(keys []Key, shared bool, maxHold, window time.Duration) strin
 // protocol, as all of them are, which runs its parts in one round trip.
 // The isolation level's refusal is not caught: it ends the statement as
 // waitStatement's does.
-func quietWaitStatement(keys []Key, shared bool, maxHold, window time.Duration) string {
-	return quietWait(keys, shared, maxHold, window, "lock_not_available OR deadlock_detected")
+func quietWaitStatement(s lockSpec, window time.Duration) string {
+	return quietWait(s, window, "lock_not_available OR deadlock_detected")
 }
 
 // quietWait is quietWaitStatement's statement, whose handler catches the
 // conditions named in catch.
-func quietWait(keys []Key, shared bool, maxHold, window time.Duration, catch string) string {
+func quietWait(s lockSpec, window time.Duration, catch string) string {
 	return "DO $txlock$BEGIN PERFORM pg_catalog.set_config('txlock.outcome', CAST((SELECT pg_catalog.count(*) FROM (" +
-		waitStatement(keys, shared, maxHold, window) +
+		waitStatement(s, window) +
 		") AS w) AS pg_catalog.text), true); EXCEPTION WHEN " + catch + " THEN PERFORM pg_catalog.set_config('txlock.outcome', '0', true); END$txlock$;" +
 		" SELECT 1 FROM pg_catalog.generate_series(1, CAST(pg_catalog.current_setting('txlock.outcome') AS integer))"
 }

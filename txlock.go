@@ -222,13 +222,13 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 		cl.one[0] = key
 		a.keys = cl.one[:]
 	}
-	a.stmt = lockStatement(a.keys, c.shared, c.maxHold, formOwnTx)
+	a.stmt = lockStatement(c.spec(a.keys), formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
 	if !try && !c.shared {
 		if h := queueHandle(a.db); h != nil {
 			t = &cl.t
-			t.key = queueKey{handle: h, stmt: a.stmt, serverWait: c.serverWait != nil}
+			t.key = queueKey{handle: h, stmt: c.queueStmt(a.keys, a.stmt), serverWait: c.serverWait != nil}
 			a.pool, _ = h.(*sql.DB)
 		}
 	}

@@ -754,3 +754,21 @@ func TestLocksAgesAtReadTime(t *testing.T) {
 	assert.GreaterOrEqual(t, *w[0].WaitAge, 0.0, "the wait began after the reader's transaction")
 	finish()
 }
+
+// TestLocksOwner: a holder that WithOwner names shows under that name, as
+// its application_name, while it holds the lock.
+func TestLocksOwner(t *testing.T) {
+	url := freshDatabase(t)
+	db := openPool(t, withParam(t, url, "application_name", "owner-app"))
+	label := randomName("export-worker req ")
+	var rows []lockRow
+	err := txlock.WithLock(context.Background(), db, txlock.StringKey(randomName("export-")), func(context.Context, *sql.Tx) error {
+		rows = locksJSON(t, "--db", url)
+		return nil
+	}, txlock.WithOwner(label))
+	require.NoError(t, err)
+	held := findRows(rows, label)
+	require.Len(t, held, 1, "%+v", rows)
+	assert.Equal(t, "held", held[0].Lock)
+	assert.Empty(t, findRows(rows, "owner-app"), "the session's own name is not shown while the label is")
+}

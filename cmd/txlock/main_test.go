@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -81,12 +82,7 @@ func freshDatabase(t *testing.T) string {
 // withParam returns url with the query parameter k=v added.
 func withParam(t *testing.T, raw, k, v string) string {
 	t.Helper()
-	u, err := url.Parse(raw)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set(k, v)
-	u.RawQuery = q.Encode()
-	return u.String()
+	return locktest.WithParam(t, raw, k, v)
 }
 
 func TestUsage(t *testing.T) {

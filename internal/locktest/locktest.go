@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -23,6 +24,18 @@ import (
 
 	"github.com/txlock/txlock"
 )
+
+// WithParam returns the connection URL u with its query parameter k set to
+// v: a startup parameter such as application_name, or a driver's setting.
+func WithParam(t testing.TB, u, k, v string) string {
+	t.Helper()
+	p, err := url.Parse(u)
+	require.NoError(t, err)
+	q := p.Query()
+	q.Set(k, v)
+	p.RawQuery = q.Encode()
+	return p.String()
+}
 
 // Open opens a pool of at most maxOpen connections on url, and checks when
 // the test ends that none of them is left in use.

@@ -1,0 +1,53 @@
+package pgxlock_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/pgxlock"
+)
+
+// WithOwner names the holder in pg_stat_activity while the lock is held,
+// and the name ends with the transaction, behind PgBouncer too.
+func TestOwner(t *testing.T) {
+	const label = "export-worker host-a pid 42 req 7f3a"
+	bouncerURL, _ := pgtest.PgBouncer(t)
+	for _, tc := range []struct{ name, url string }{
+		{"direct", pgtest.Postgres(t)},
+		{"pgbouncer", bouncerURL},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			_, admin := direct(t)
+			pool := newPool(t, tc.url+"&application_name=client-a", "", 2)
+			key := txlock.StringKey(uniq(t))
+			appName := func(q interface {
+				QueryRow(context.Context, string, ...any) pgx.Row
+			}) (name string) {
+				require.NoError(t, q.QueryRow(ctx, `SELECT pg_catalog.current_setting('application_name')`).Scan(&name))
+				return name
+			}
+			err := pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
+				var pid int
+				if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid); err != nil {
+					return err
+				}
+				var name string
+				if err := admin.QueryRowContext(ctx, `SELECT application_name FROM pg_catalog.pg_stat_activity WHERE pid = $1`, pid).Scan(&name); err != nil {
+					return err
+				}
+				assert.Equal(t, label, name, "pg_stat_activity while the lock is held")
+				assert.Equal(t, label, appName(tx))
+				return nil
+			}, txlock.WithOwner(label))
+			require.NoError(t, err)
+			assert.Equal(t, "client-a", appName(pool), "the session after the commit")
+		})
+	}
+}
