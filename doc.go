@@ -37,9 +37,10 @@
 // (DefaultTimeout).
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
-// TryWithLocks take several keys all or nothing. WithShared takes reader
-// locks. LockTx and TryLockTx lock inside a transaction the caller already
-// has. Package sqlxlock offers the same with *sqlx.Tx, and package pgxlock
+// TryWithLocks take several keys all or nothing. Do and TryDo return fn's
+// value. WithShared takes reader locks, and WithOwner names the holder in
+// pg_stat_activity. LockTx and TryLockTx lock inside a transaction the
+// caller already has. Package sqlxlock offers the same with *sqlx.Tx, and package pgxlock
 // with pgx.Tx, for pgx used natively.
 //
 // # Local queues
@@ -64,7 +65,10 @@
 // handoff within the process, that window goes at once, when other
 // processes wait in the server or the last handoff outlasted a
 // millisecond (a network between the process and the server): the server
-// then grants it the moment the holder's transaction ends.
+// then grants it the moment the holder's transaction ends. After such a
+// slow handoff the turn passes earlier still, as soon as the holder's lock
+// is granted, so that the next caller's BEGIN and window go out during the
+// hold.
 //
 // # Observing locks
 //
