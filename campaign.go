@@ -33,11 +33,11 @@ func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts 
 		return nil, err
 	}
 	a := &t.own
-	*a = ownTx{c: &t.c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
+	*a = ownTx{c: &t.c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), attemptBound: t.hb.TTL}
 	var q *ticket
 	if h := queueHandle(db); h != nil && !try {
 		q = &t.q
-		q.key = queueKey{handle: h, stmt: a.stmt}
+		q.key = queueKey{handle: h, stmt: t.queueStmt(a.stmt)}
 		a.pool, _ = h.(*sql.DB)
 	}
 	return t.campaign(ctx, a, q, try)
@@ -61,16 +61,26 @@ func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, locke
 		return nil, err
 	}
 	d := &t.drv
-	*d = driverAcquirer{a: a, c: &t.c, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL), attemptBound: t.hb.TTL}
+	*d = driverAcquirer{a: a, c: &t.c, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), attemptBound: t.hb.TTL}
 	if err := d.plan(); err != nil {
 		return nil, err
 	}
 	var q *ticket
 	if pool := a.Pool(); pool != (driver.PoolKey{}) && !try {
 		q = &t.q
-		q.key = queueKey{handle: pool, stmt: d.stmt}
+		q.key = queueKey{handle: pool, stmt: t.queueStmt(d.stmt)}
 	}
 	return t.campaign(ctx, d, q, try)
+}
+
+// queueStmt names the local queue of t's candidates, given their statement
+// stmt: stmt itself, or without the holder's label (WithOwner), so that
+// candidates with different labels queue together.
+func (t *Term) queueStmt(stmt string) string {
+	if t.c.owner == "" {
+		return stmt
+	}
+	return termStatement(t.key, t.hb.TTL, "")
 }
 
 // setup reads a term's options: asTerm's defaults, then the Locker's, then
@@ -213,9 +223,6 @@ func (c *config) termRefusals() []termRefusal {
 	}
 	if c.serialSet {
 		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
-	}
-	if c.owner != "" {
-		refuse("WithOwner", "a term's transaction does not name its holder yet")
 	}
 	switch o := c.txOpts; {
 	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:

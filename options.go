@@ -233,7 +233,8 @@ func WithMaxHold(d time.Duration) Option {
 // too: the next client of the server connection sees its own name). label
 // must be 1 to 63 printable ASCII characters (application_name's limit);
 // build it from what identifies the caller, such as a host, a pid and a
-// request's id. It is off by default. Terms refuse it.
+// request's id. It is off by default. A term's label lasts as long as the
+// term (AcquireTerm, Lead): operators see which process leads.
 func WithOwner(label string) Option {
 	return func(c *config) {
 		if err := checkOwner(label); err != "" {

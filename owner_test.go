@@ -108,9 +108,34 @@ func TestOwnerBadInput(t *testing.T) {
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument, "%q", label)
 		assert.ErrorContains(t, err, want, "%q", label)
 	}
-	_, err := txlock.AcquireTerm(context.Background(), db, txlock.StringKey(uniq(t)), txlock.WithOwner("leader"))
+	_, err := txlock.AcquireTerm(context.Background(), db, txlock.StringKey(uniq(t)), txlock.WithOwner("tab\there"))
 	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
-	assert.ErrorContains(t, err, "WithOwner does not apply to a term")
+	assert.ErrorContains(t, err, "not printable ASCII")
+}
+
+// A term's label shows for as long as the term lasts, heartbeats
+// included, and goes with its release, directly and through PgBouncer.
+func TestOwnerTerm(t *testing.T) {
+	const label = "leader host-b pid 7"
+	for _, via := range termVias {
+		t.Run(via.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := via.db(t)
+			admin := termDB(t)
+			labelled := func() (n int) {
+				require.NoError(t, admin.QueryRow(`SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE application_name = $1`, label).Scan(&n))
+				return n
+			}
+			term, err := txlock.AcquireTerm(ctx, db, txlock.StringKey(uniq(t)), txlock.WithHeartbeat(fastBeat), txlock.WithOwner(label))
+			require.NoError(t, err)
+			assert.Equal(t, 1, labelled(), "the term's session carries the label")
+			time.Sleep(3 * fastBeat.Interval)
+			require.NoError(t, term.Err())
+			assert.Equal(t, 1, labelled(), "after heartbeats")
+			require.NoError(t, term.Release(ctx))
+			require.Eventually(t, func() bool { return labelled() == 0 }, 5*time.Second, 10*time.Millisecond, "the label goes with the term")
+		})
+	}
 }
 
 // In a caller's transaction (LockTx), the label lasts until that

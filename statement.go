@@ -411,8 +411,9 @@ func settingMillis(d time.Duration) int64 {
 // default_transaction_isolation would apply. A transaction_timeout in force
 // (from the server, role, database or connection) is stopped by setting it
 // to 0: a term lasts as long as its heartbeats succeed, and the idle bound
-// ends a frozen one.
-func termStatement(key Key, ttl time.Duration) string {
+// ends a frozen one. With a holder's label (WithOwner), a last branch sets
+// application_name, for the whole term (see appendOwner).
+func termStatement(key Key, ttl time.Duration, owner string) string {
 	b := make([]byte, 0, 1024)
 	b = append(b, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"+
 		" WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['repeatable read', 'serializable'])"+
@@ -422,8 +423,9 @@ func termStatement(key Key, ttl time.Duration) string {
 	b = appendSQLArgs(b, key)
 	b = append(b, ")) THEN false"+
 		" WHEN CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NULL THEN false"+
-		" ELSE pg_catalog.set_config('transaction_timeout', '0', true) IS NULL END THEN false"+
-		" ELSE true END"...)
+		" ELSE pg_catalog.set_config('transaction_timeout', '0', true) IS NULL END THEN false"...)
+	b = appendOwner(b, owner, " THEN false")
+	b = append(b, " ELSE true END"...)
 	return string(b)
 }
 

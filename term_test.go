@@ -80,18 +80,22 @@ func assertReleased(t *testing.T, db *sql.DB, term *txlock.Term) {
 	assert.Equal(t, 0, heldBy(t, db, term.Key()), "the lock outlived Release")
 }
 
+// termVias are the two ways to a term's server: directly, and through
+// PgBouncer in transaction mode.
+var termVias = []struct {
+	name string
+	db   func(t *testing.T) *sql.DB
+}{
+	{"direct", termDB},
+	{"PgBouncer", func(t *testing.T) *sql.DB {
+		termDB(t)
+		db, _ := bouncer(t, "exec")
+		return db
+	}},
+}
+
 func TestTermHoldsAndReleases(t *testing.T) {
-	for _, via := range []struct {
-		name string
-		db   func(t *testing.T) *sql.DB
-	}{
-		{"direct", termDB},
-		{"PgBouncer", func(t *testing.T) *sql.DB {
-			termDB(t)
-			db, _ := bouncer(t, "exec")
-			return db
-		}},
-	} {
+	for _, via := range termVias {
 		t.Run(via.name, func(t *testing.T) {
 			db := via.db(t)
 			check := termDB(t)

@@ -3,6 +3,7 @@ package pgxlock_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
@@ -48,6 +49,30 @@ func TestOwner(t *testing.T) {
 			}, txlock.WithOwner(label))
 			require.NoError(t, err)
 			assert.Equal(t, "client-a", appName(pool), "the session after the commit")
+		})
+	}
+}
+
+// A term's label shows for as long as the term lasts, and goes with its
+// release, directly and through PgBouncer.
+func TestOwnerTerm(t *testing.T) {
+	const label = "pgx leader host-c pid 9"
+	for _, via := range []struct{ name, url, mode string }{
+		{"direct", pgtest.Postgres(t), ""},
+		{"PgBouncer", bouncerURL(t), "cache_statement"},
+	} {
+		t.Run(via.name, func(t *testing.T) {
+			ctx := context.Background()
+			pool, admin := termPool(t, via.url, via.mode)
+			labelled := func() (n int) {
+				require.NoError(t, admin.QueryRow(`SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE application_name = $1`, label).Scan(&n))
+				return n
+			}
+			term, err := pgxlock.AcquireTerm(ctx, pool, txlock.StringKey(uniq(t)), txlock.WithHeartbeat(fastBeat), txlock.WithOwner(label))
+			require.NoError(t, err)
+			assert.Equal(t, 1, labelled(), "the term's session carries the label")
+			require.NoError(t, term.Release(ctx))
+			require.Eventually(t, func() bool { return labelled() == 0 }, 5*time.Second, 10*time.Millisecond, "the label goes with the term")
 		})
 	}
 }
