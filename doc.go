@@ -40,8 +40,9 @@
 // TryWithLocks take several keys all or nothing. Do and TryDo return fn's
 // value. WithShared takes reader locks, and WithOwner names the holder in
 // pg_stat_activity. LockTx and TryLockTx lock inside a transaction the
-// caller already has. Package sqlxlock offers the same with *sqlx.Tx, and package pgxlock
-// with pgx.Tx, for pgx used natively.
+// caller already has. Package pgxlock offers all of these with pgx.Tx, for
+// pgx used natively, and package sqlxlock the WithLock family and LockTx
+// with *sqlx.Tx.
 //
 // # Local queues
 //

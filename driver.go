@@ -37,7 +37,7 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	var t *ticket
 	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
 		t = &dc.t
-		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query), serverWait: c.serverWait != nil}
+		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query, dc.a.begin, "; "), serverWait: c.serverWait != nil}
 	}
 	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
 	return lockLoop(ctx, c, c.waitMode(try), &dc.a, &dc.a, t, &dc.st0)

@@ -231,10 +231,15 @@ func WithMaxHold(d time.Duration) Option {
 // of its own, and only once the lock is granted; it ends with the
 // transaction, which sets the session's own name back (behind PgBouncer
 // too: the next client of the server connection sees its own name). label
-// must be 1 to 63 printable ASCII characters (application_name's limit);
-// build it from what identifies the caller, such as a host, a pid and a
-// request's id. It is off by default. A term's label lasts as long as the
-// term (AcquireTerm, Lead): operators see which process leads.
+// must be 1 to 63 printable ASCII characters (application_name's limit),
+// else the call fails with ErrInvalidArgument; an empty label is refused
+// too, not taken for none. Build it from what identifies the caller, such
+// as the service, a host, a pid and a request's id: it replaces the
+// session's own name while the lock is held. Every role can read
+// application_name in pg_stat_activity, and the server's log can show it
+// (log_line_prefix's %a): put no secret or personal data in it. It is off
+// by default. A term's label lasts as long as the term (AcquireTerm, Lead):
+// operators see which process leads.
 func WithOwner(label string) Option {
 	return func(c *config) {
 		if err := checkOwner(label); err != "" {

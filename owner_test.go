@@ -2,7 +2,10 @@ package txlock_test
 
 import (
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +16,15 @@ import (
 	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
+
+// randomHex returns 16 random hex digits, which make a test's label its
+// own on a server that other tests share.
+func randomHex(t *testing.T) string {
+	var b [8]byte
+	_, err := rand.Read(b[:])
+	require.NoError(t, err)
+	return hex.EncodeToString(b[:])
+}
 
 // withApp returns u with its application_name set to name.
 func withApp(t *testing.T, u, name string) string {
@@ -31,7 +43,9 @@ func sessionApp(t *testing.T, db *sql.DB) (name string, pid int) {
 // transaction, behind PgBouncer too, where the next client of the server
 // connection sees its own name.
 func TestOwner(t *testing.T) {
-	const label = "export-worker host-a pid 42 req 7f3a"
+	// Quotes, a backslash and the DO block's own dollar quote must reach
+	// the server as they are, in every statement form.
+	label := `export-worker o'neil\x $txlock$ ` + randomHex(t)
 	bouncerURL, _ := pgtest.PgBouncer(t)
 	for _, tc := range []struct{ name, url string }{
 		{"direct", pgtest.Postgres(t)},
@@ -76,7 +90,16 @@ func TestOwner(t *testing.T) {
 			release := hold(t, admin, key, false)
 			done := make(chan error, 1)
 			go func() {
-				done <- txlock.WithLock(ctx, a, key, func(context.Context, *sql.Tx) error { return nil },
+				done <- txlock.WithLock(ctx, a, key, func(ctx context.Context, tx *sql.Tx) error {
+					var name string
+					if err := tx.QueryRowContext(ctx, `SELECT pg_catalog.current_setting('application_name')`).Scan(&name); err != nil {
+						return err
+					}
+					if name != label {
+						return fmt.Errorf("granted by a window in the server, the transaction's name is %q, want %q", name, label)
+					}
+					return nil
+				},
 					txlock.WithOwner(label), txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Second}), txlock.WithTimeout(10*time.Second))
 			}()
 			require.Eventually(t, func() bool {
@@ -116,7 +139,7 @@ func TestOwnerBadInput(t *testing.T) {
 // A term's label shows for as long as the term lasts, heartbeats
 // included, and goes with its release, directly and through PgBouncer.
 func TestOwnerTerm(t *testing.T) {
-	const label = "leader host-b pid 7"
+	label := "leader " + randomHex(t)
 	for _, via := range termVias {
 		t.Run(via.name, func(t *testing.T) {
 			ctx := context.Background()

@@ -291,16 +291,16 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 }
 
 // queueStmt is the statement that names the local queue of keys for c's
-// calls, given their lock statement stmt: stmt itself, or without the
-// holder's label (WithOwner), so that calls with different labels share a
-// queue.
-func (c *config) queueStmt(keys []Key, stmt string) string {
+// calls, given their lock statement stmt, which begins with prefix: stmt
+// itself, or the same without the holder's label (WithOwner), so that
+// calls with and without labels, or with different ones, share a queue.
+func (c *config) queueStmt(keys []Key, stmt string, prefix ...string) string {
 	if c.owner == "" {
 		return stmt
 	}
 	s := c.spec(keys)
 	s.owner = ""
-	return lockStatement(s, formOwnTx)
+	return lockStatement(s, formOwnTx, prefix...)
 }
 
 // queueHandle is the identity of db for the local queues, or nil if its

@@ -37,7 +37,11 @@ func qualified(what, schema, name string) (string, error) {
 }
 
 // quoteLiteral quotes s as an escape string literal (E'…'), which reads the
-// same whatever standard_conforming_strings says.
+// same whatever standard_conforming_strings says. A dollar sign is written
+// as its escape, \x24, so that the literal can stand inside a dollar-quoted
+// body such as a DO block's ($txlock$…$txlock$) without ending it.
 func quoteLiteral(s string) string {
-	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
+	return "E'" + literalEscapes.Replace(s) + "'"
 }
+
+var literalEscapes = strings.NewReplacer(`\`, `\\`, "'", "''", "$", `\x24`)

@@ -936,3 +936,22 @@ func TestHandOnAtGrant(t *testing.T) {
 	next.leave()
 	assert.Zero(t, QueueRefs())
 }
+
+// Calls with and without a holder's label, or with different ones, share a
+// local queue: its name is the lock statement without the label.
+func TestQueueStmtIgnoresOwner(t *testing.T) {
+	keys := []Key{Int64Key(7)}
+	var plain, labelled, other config
+	require.NoError(t, plain.init(nil, false))
+	require.NoError(t, labelled.init([]Option{WithOwner("a $txlock$ label")}, false))
+	require.NoError(t, other.init([]Option{WithOwner("another")}, false))
+	for _, prefix := range [][]string{nil, {"BEGIN", "; "}} {
+		p := lockStatement(plain.spec(keys), formOwnTx, prefix...)
+		l := lockStatement(labelled.spec(keys), formOwnTx, prefix...)
+		o := lockStatement(other.spec(keys), formOwnTx, prefix...)
+		require.NotEqual(t, p, l)
+		assert.Equal(t, p, plain.queueStmt(keys, p, prefix...))
+		assert.Equal(t, p, labelled.queueStmt(keys, l, prefix...), "prefix %q", prefix)
+		assert.Equal(t, p, other.queueStmt(keys, o, prefix...), "prefix %q", prefix)
+	}
+}

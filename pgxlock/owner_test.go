@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 	"github.com/txlock/txlock/pgxlock"
 )
@@ -17,7 +18,7 @@ import (
 // WithOwner names the holder in pg_stat_activity while the lock is held,
 // and the name ends with the transaction, behind PgBouncer too.
 func TestOwner(t *testing.T) {
-	const label = "export-worker host-a pid 42 req 7f3a"
+	label := `pgx export-worker o'neil\x $txlock$ ` + locktest.Uniq(t)[len(t.Name())+1:]
 	bouncerURL, _ := pgtest.PgBouncer(t)
 	for _, tc := range []struct{ name, url string }{
 		{"direct", pgtest.Postgres(t)},
@@ -56,7 +57,7 @@ func TestOwner(t *testing.T) {
 // A term's label shows for as long as the term lasts, and goes with its
 // release, directly and through PgBouncer.
 func TestOwnerTerm(t *testing.T) {
-	const label = "pgx leader host-c pid 9"
+	label := "pgx leader " + locktest.Uniq(t)[len(t.Name())+1:]
 	for _, via := range []struct{ name, url, mode string }{
 		{"direct", pgtest.Postgres(t), ""},
 		{"PgBouncer", bouncerURL(t), "cache_statement"},
