@@ -828,6 +828,21 @@ func TestWaitHeadWindow(t *testing.T) {
 	}
 }
 
+// queueBehind has next enter the queue of holder, which has the turn, and
+// returns once next waits there: the channel receives whether next got the
+// turn.
+func queueBehind(t *testing.T, holder, next *ticket) <-chan bool {
+	t.Helper()
+	entered := make(chan bool, 1)
+	go func() { entered <- next.enter(context.Background()) }()
+	eventually(t, func() bool {
+		queues.Lock()
+		defer queues.Unlock()
+		return len(queues.m[holder.key].waiting) == 1
+	}, "the next caller queues")
+	return entered
+}
+
 // A queue measures its early handoffs, from handOnEarly to the holder's
 // leave (its transaction's end): the next head finds the handoff slow past
 // slowHandoff (a COMMIT across a network), and fast again after a quick
@@ -838,13 +853,7 @@ func TestSlowHandoff(t *testing.T) {
 	require.True(t, tickets[0].enter(context.Background()))
 	for i, took := range []time.Duration{2 * slowHandoff, 0} {
 		holder, next := tickets[i], tickets[i+1]
-		entered := make(chan bool)
-		go func() { entered <- next.enter(context.Background()) }()
-		eventually(t, func() bool {
-			queues.Lock()
-			defer queues.Unlock()
-			return len(queues.m[holder.key].waiting) == 1
-		}, "the next caller queues")
+		entered := queueBehind(t, holder, next)
 		start := time.Now()
 		holder.handOnEarly()
 		time.Sleep(took)
@@ -905,13 +914,7 @@ func TestHandOnAtGrant(t *testing.T) {
 	require.True(t, holder.enter(context.Background()))
 	assert.False(t, holder.handOnAtGrant(), "nobody is queued")
 
-	entered := make(chan bool)
-	go func() { entered <- next.enter(context.Background()) }()
-	eventually(t, func() bool {
-		queues.Lock()
-		defer queues.Unlock()
-		return len(queues.m[holder.key].waiting) == 1
-	}, "the next caller queues")
+	entered := queueBehind(t, holder, next)
 	assert.False(t, holder.handOnAtGrant(), "no handoff was slow yet")
 
 	queues.Lock()

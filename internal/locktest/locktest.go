@@ -411,3 +411,63 @@ func ErrorLines(t testing.TB, path string, from int64) []string {
 	}
 	return out
 }
+
+// DoFunc is a driver's Do, for int values, with fn's transaction as a Tx.
+type DoFunc func(ctx context.Context, key txlock.Key, fn func(context.Context, Tx) (int, error), opts ...txlock.Option) (int, error)
+
+// TryDoFunc is a driver's TryDo, as DoFunc is its Do.
+type TryDoFunc func(ctx context.Context, key txlock.Key, fn func(context.Context, Tx) (int, error)) (int, bool, error)
+
+// RequireDo checks a driver's Do and TryDo on the server of admin: fn's
+// value once the transaction has committed, the zero value with fn's error
+// or a failed COMMIT, the value of the round that committed after a
+// serialization failure (a real 40001), and no fn on a busy lock.
+func RequireDo(t *testing.T, admin *sql.DB, do DoFunc, tryDo TryDoFunc) {
+	t.Helper()
+	ctx := context.Background()
+	key := txlock.StringKey(Uniq(t))
+
+	n, err := do(ctx, key, func(ctx context.Context, tx Tx) (int, error) {
+		assert.True(t, txlock.Held(ctx))
+		return tx.QueryInt(ctx, "SELECT 41 + 1")
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 42, n)
+
+	boom := errors.New("boom")
+	n, err = do(ctx, key, func(context.Context, Tx) (int, error) { return 7, boom })
+	assert.ErrorIs(t, err, boom)
+	assert.Zero(t, n, "fn's value with its error")
+
+	n, err = do(ctx, key, func(ctx context.Context, tx Tx) (int, error) {
+		_ = tx.Exec(ctx, "SELECT 1/0") // the transaction fails, and COMMIT rolls it back
+		return 7, nil
+	})
+	assert.ErrorIs(t, err, txlock.ErrCommitFailed)
+	assert.Zero(t, n, "the value of a transaction that did not commit")
+
+	rounds := 0
+	n, err = do(ctx, key, func(ctx context.Context, tx Tx) (int, error) {
+		rounds++
+		if rounds == 1 {
+			return 1, tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'serialization failure' USING ERRCODE = '40001'; END $$`)
+		}
+		return rounds, nil
+	}, txlock.WithSerializationRetries(2))
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the value of the round that committed")
+
+	release := Hold(t, admin, key, false)
+	n, ok, err := tryDo(ctx, key, func(context.Context, Tx) (int, error) {
+		t.Error("fn ran on a busy lock")
+		return 7, nil
+	})
+	require.NoError(t, err)
+	assert.False(t, ok)
+	assert.Zero(t, n)
+	release()
+	n, ok, err = tryDo(ctx, key, func(context.Context, Tx) (int, error) { return 7, nil })
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, 7, n)
+}
