@@ -20,6 +20,7 @@ type ownTx struct {
 	stmt string  // the polling lock statement
 	h    holder  // the granted lock
 	held sqlHeld // its transaction
+	slot int     // for a semaphore, the slot granted
 	// attemptBound, if not 0, bounds each attempt however far the wait's
 	// deadline is: a term's campaign has none (see acquireTerm).
 	attemptBound time.Duration
@@ -59,7 +60,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 			if err != nil {
 				return busy, fmt.Errorf("txlock: begin: %w", err)
 			}
-			out, err := lockResult(tx.ExecContext(ctx, stmt))
+			out, err := a.result(tx.ExecContext(ctx, stmt))
 			if err == nil && out == granted && ctx.Err() != nil {
 				// ctx ended as the lock was granted: database/sql is
 				// rolling the transaction back, and fn must not start.
@@ -93,7 +94,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 		txCancel(nil)
 		return busy, fmt.Errorf("txlock: begin: %w", err)
 	}
-	out, err := lockResult(tx.ExecContext(txCtx, stmt))
+	out, err := a.result(tx.ExecContext(txCtx, stmt))
 	bounded := inTime()
 	if err == nil && out == granted && (!tie.untie() || !bounded || txCtx.Err() != nil) {
 		// The deadline or the attempt's bound fired, or ctx ended, as the
@@ -227,11 +228,11 @@ func (t deadlineTie) untie() bool {
 	return t.stopAfter()
 }
 
-// lockResult decodes the answer of a lock statement run in a database/sql
+// result decodes the answer of a lock statement run in a database/sql
 // transaction of txlock's own. The statement's answer is carried in the row
 // count of the command tag (see lockStatement), which database/sql returns
 // as RowsAffected.
-func lockResult(res sql.Result, err error) (outcome, error) {
+func (a *ownTx) result(res sql.Result, err error) (outcome, error) {
 	if err != nil {
 		return classifyOwn(err)
 	}
@@ -239,7 +240,21 @@ func lockResult(res sql.Result, err error) (outcome, error) {
 	if err != nil {
 		return busy, fmt.Errorf("txlock: lock statement result: %w", err)
 	}
-	return rowsOutcome(n)
+	return a.c.outcome(n, &a.slot)
+}
+
+func (a *ownTx) grantedSlot() int { return a.slot }
+
+// outcome decodes the row count of c's lock statement in a transaction of
+// txlock's own: rowsOutcome's, or for a semaphore slotsOutcome's, which
+// sets *slot to the slot granted.
+func (c *config) outcome(rows int64, slot *int) (outcome, error) {
+	if c.slots == 0 {
+		return rowsOutcome(rows)
+	}
+	out, s, err := slotsOutcome(rows, c.slots)
+	*slot = s
+	return out, err
 }
 
 // classifyOwn sorts the error of a lock statement run in a transaction of

@@ -38,7 +38,8 @@
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. Do and TryDo return fn's
-// value. WithShared takes reader locks, and WithOwner names the holder in
+// value. WithSemaphore and TryWithSemaphore let n holders of a key run at
+// once. WithShared takes reader locks, and WithOwner names the holder in
 // pg_stat_activity. LockTx and TryLockTx lock inside a transaction the
 // caller already has. Package pgxlock offers all of these with pgx.Tx, for
 // pgx used natively, and package sqlxlock the WithLock family and LockTx

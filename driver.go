@@ -29,6 +29,10 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	if keys, err = driverKeys(keys, &dc.one); err != nil {
 		return false, err
 	}
+	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true, Slots: c.slots}
+	if keys, err = c.semaphoreKeys(keys); err != nil {
+		return false, err
+	}
 	dc.a = driverAcquirer{a: a, c: c, keys: keys}
 	if err := dc.a.plan(); err != nil {
 		return false, err
@@ -37,9 +41,8 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	var t *ticket
 	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
 		t = &dc.t
-		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query, dc.a.begin, "; "), serverWait: c.serverWait != nil}
+		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query, dc.a.begin, "; "), serverWait: c.serverWait != nil, slots: c.slots}
 	}
-	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true}
 	return lockLoop(ctx, c, c.waitMode(try), &dc.a, &dc.a, t, &dc.st0)
 }
 
@@ -74,6 +77,7 @@ type driverAcquirer struct {
 	stmt  string // a polling attempt's lock statement: the WithLock family's, or a term's
 	query string // begin and stmt, in one string
 	h     holder // the granted lock
+	slot  int    // for a semaphore, the slot granted
 	// attemptBound, if not 0, bounds each attempt, as ownTx's does.
 	attemptBound time.Duration
 }
@@ -120,7 +124,7 @@ func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) 
 	case isNil(tx):
 		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
 	default:
-		out, err = rowsOutcome(r.Rows)
+		out, err = d.c.outcome(r.Rows, &d.slot)
 	}
 	switch {
 	case out != granted || err != nil:
@@ -224,6 +228,8 @@ func (d driverDrawConn) close() { d.c.Close() }
 // idleConn reports whether the driver's pool has an idle connection, for
 // the default strategy's window in the server (see config.headWindow).
 func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
+
+func (d *driverAcquirer) grantedSlot() int { return d.slot }
 
 // plan builds what the call sends: its BEGIN, and its polling attempt's
 // lock statement (a term's, or the WithLock family's), and the two in one

@@ -165,7 +165,7 @@ func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState) er
 	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)
 	if c.ev.on() {
-		c.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited})
+		c.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited, Slots: l.Slots})
 	}
 	l.Held = false
 	return a.holdUnlocked(ctx, st)
@@ -206,7 +206,7 @@ func (c *config) released(st *lockState, err error) {
 		return
 	}
 	e := Event{Keys: st.lock.Keys, Shared: st.lock.Shared, Attempts: st.lock.Attempts, Waited: st.lock.Waited,
-		Held: c.clock.now().Sub(st.grantedAt)}
+		Held: c.clock.now().Sub(st.grantedAt), Slots: st.lock.Slots, Slot: st.lock.Slot}
 	if errors.Is(err, ErrHoldTimeout) {
 		e.Kind = HoldTimeout
 		c.ev.emit(e)

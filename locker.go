@@ -62,6 +62,16 @@ func (l *Locker) TryWithLocks(ctx context.Context, keys []Key, fn func(ctx conte
 	return TryWithLocks(ctx, l.db, keys, fn, l.with(opts)...)
 }
 
+// WithSemaphore is WithSemaphore on the Locker's db.
+func (l *Locker) WithSemaphore(ctx context.Context, key Key, n int, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
+	return WithSemaphore(ctx, l.db, key, n, fn, l.with(opts)...)
+}
+
+// TryWithSemaphore is TryWithSemaphore on the Locker's db.
+func (l *Locker) TryWithSemaphore(ctx context.Context, key Key, n int, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
+	return TryWithSemaphore(ctx, l.db, key, n, fn, l.with(opts)...)
+}
+
 // LockTx is LockTx with the Locker's options, in the caller's transaction
 // tx (which need not come from the Locker's db). Options that concern a
 // transaction of txlock's own are refused there, as by LockTx, whether they

@@ -194,7 +194,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acqu
 		w.event(SerializationRetry, err)
 		// Each round has its own state: a context that fn kept from an
 		// earlier round keeps describing that round's lock.
-		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true}, draw: st.draw}
+		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true, Slots: st.lock.Slots}, draw: st.draw}
 	}
 }
 
@@ -273,6 +273,9 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 	w.lock.Attempts++
 	switch out {
 	case granted:
+		if w.lock.Slots > 0 {
+			w.lock.Slot = grantedSlot(w.a)
+		}
 		return granted, w.exit(Acquired, nil)
 	case standby:
 		return standby, w.exit(StandbyRefused, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(w.lock.Keys)))
@@ -418,7 +421,7 @@ func (w *waiter) event(kind EventKind, err error) {
 	if !ev.on() {
 		return
 	}
-	e := Event{Kind: kind, Keys: w.lock.Keys, Shared: w.lock.Shared, CallerTx: w.c.inTx, Attempts: w.lock.Attempts, Err: err}
+	e := Event{Kind: kind, Keys: w.lock.Keys, Shared: w.lock.Shared, CallerTx: w.c.inTx, Attempts: w.lock.Attempts, Err: err, Slots: w.lock.Slots, Slot: w.lock.Slot}
 	switch kind {
 	case WaitStarted, SerializationRetry:
 	case Busy:
@@ -434,6 +437,15 @@ func (w *waiter) event(kind EventKind, err error) {
 func idleConn(a attempter) bool {
 	p, ok := a.(interface{ idleConn() bool })
 	return ok && p.idleConn()
+}
+
+// grantedSlot is the slot of a semaphore that a's last attempt was granted.
+func grantedSlot(a attempter) int {
+	s, _ := a.(interface{ grantedSlot() int })
+	if s == nil {
+		return 0
+	}
+	return s.grantedSlot()
 }
 
 // waitCtx is the wait's context, made on first use.

@@ -125,6 +125,9 @@ type Event struct {
 	Kind   EventKind
 	Keys   []Key // the keys of the call, in canonical order; do not modify
 	Shared bool
+	// Slots is a semaphore's n (WithSemaphore), whose key is Keys[0]; 0 for
+	// a lock. Slot is the slot held, from Acquired on (see Lock).
+	Slots, Slot int
 	// CallerTx marks the events of LockTx and TryLockTx: the lock lives in
 	// the caller's transaction, and no Released follows Acquired.
 	CallerTx bool

@@ -972,6 +972,12 @@ func TestObserveLocker(t *testing.T) {
 			assert.True(t, ok)
 			return err
 		}},
+		{"WithSemaphore", ownTx, func(opts ...txlock.Option) error { return l.WithSemaphore(ctx, key, 2, fn, opts...) }},
+		{"TryWithSemaphore", ownTx, func(opts ...txlock.Option) error {
+			ok, err := l.TryWithSemaphore(ctx, key, 2, fn, opts...)
+			assert.True(t, ok)
+			return err
+		}},
 		{"LockTx", callerTx, func(opts ...txlock.Option) error {
 			tx, err := db.Begin()
 			require.NoError(t, err)

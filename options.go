@@ -89,8 +89,11 @@ type config struct {
 	logger        *slog.Logger
 	serialRetries int
 	serialSet     bool
-	fencing       bool     // WithFencing: a draw connection is set aside before the lock
-	onlyOwnTx     []string // options that make no sense inside a caller's tx
+	fencing       bool // WithFencing: a draw connection is set aside before the lock
+	// slots is a semaphore's n (WithSemaphore), 0 for a lock; first is the
+	// slot its attempts ask for first (config.semaphoreKeys).
+	slots, first int
+	onlyOwnTx    []string // options that make no sense inside a caller's tx
 	// term is set for AcquireTerm, TryAcquireTerm and Lead (see term.go);
 	// heartbeat and fencer are their options.
 	term      bool
@@ -370,8 +373,16 @@ func (c *config) init(opts []Option, inTx bool) error {
 			return fmt.Errorf("%w: ServerWait needs ReadCommitted: under %v the snapshot is taken before the wait, so fn would not see the previous holder's writes", ErrInvalidArgument, c.txOpts.Isolation)
 		}
 	}
+	if c.slots > 0 {
+		switch {
+		case c.shared:
+			return fmt.Errorf("%w: WithShared does not apply to a semaphore: each holder takes a slot of its own", ErrInvalidArgument)
+		case c.serverWait != nil:
+			return fmt.Errorf("%w: WithServerWait does not apply to a semaphore: the server's lock queue waits for one slot, not for whichever of the n frees first; a semaphore polls", ErrInvalidArgument)
+		}
+	}
 	_, isDefault := c.retry.(defaultRetry)
-	c.headWindow = isDefault && c.serverWait == nil && !inTx && !c.term &&
+	c.headWindow = isDefault && c.serverWait == nil && !inTx && !c.term && c.slots == 0 &&
 		(c.txOpts == nil || c.txOpts.Isolation < sql.LevelRepeatableRead)
 	return nil
 }

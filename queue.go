@@ -18,7 +18,8 @@ import (
 // caller whose turn it is makes attempts (polls, or waits in the server's
 // lock queue with ServerWait); the others wait in FIFO order, holding no
 // connection, so the database sees one waiter per key per process instead
-// of one per goroutine. A caller keeps the turn while it holds the lock, and
+// of one per goroutine. A semaphore's queue (WithSemaphore) gives the turn
+// to n callers at once. A caller keeps the turn while it holds the lock, and
 // then hands it to the next, which tries at once instead of sleeping:
 //
 //   - With polling, on a *sql.DB, the turn passes as soon as fn returns,
@@ -61,12 +62,16 @@ type queueKey struct {
 	handle     any // see queueHandle
 	stmt       string
 	serverWait bool
+	// slots is a semaphore's n, of whose callers the queue lets n have the
+	// turn at once; 0 for a lock, whose queue lets one.
+	slots int
 }
 
-// queue is one local queue: whether a caller has the turn, and the callers
-// waiting for it, in the order they queued.
+// queue is one local queue: how many callers have the turn (one, or for a
+// semaphore up to its n), and the callers waiting for it, in the order they
+// queued.
 type queue struct {
-	held    bool
+	holders int
 	waiting []*ticket
 	// remote is set once a poll made right after a handoff in this queue
 	// found the lock taken, by another process most likely: the default
@@ -96,13 +101,8 @@ func (t *ticket) handoffSlow() bool {
 	return t.q != nil && t.q.handoff > slowHandoff
 }
 
-// refs counts the callers in q: the one with the turn, and those waiting.
-func (q *queue) refs() int {
-	if q.held {
-		return 1 + len(q.waiting)
-	}
-	return len(q.waiting)
-}
+// refs counts the callers in q: those with the turn, and those waiting.
+func (q *queue) refs() int { return q.holders + len(q.waiting) }
 
 // ticket is one call's place in the local queue of its keys.
 type ticket struct {
@@ -173,8 +173,8 @@ func (t *ticket) enter(waitCtx context.Context) bool {
 		q = &queue{}
 		queues.m[t.key] = q
 	}
-	if !q.held {
-		q.held = true
+	if q.holders < max(t.key.slots, 1) {
+		q.holders++
 		queues.Unlock()
 		t.q, t.prevEnd = q, nil
 		return true
@@ -281,8 +281,9 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 	q := t.q
 	t.q, t.prevEnd = nil, nil
 	if len(q.waiting) == 0 {
-		q.held = false
-		delete(queues.m, t.key)
+		if q.holders--; q.holders == 0 {
+			delete(queues.m, t.key)
+		}
 		return
 	}
 	next := q.waiting[0]
@@ -294,12 +295,15 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 // calls, given their lock statement stmt, which begins with prefix: stmt
 // itself, or the same without the holder's label (WithOwner), so that
 // calls with and without labels, or with different ones, share a queue.
+//
+// A semaphore's statement asks for the slots from the call's first (see
+// semaphoreStatement): its queue is named by the statement from slot 0.
 func (c *config) queueStmt(keys []Key, stmt string, prefix ...string) string {
-	if c.owner == "" {
+	if c.owner == "" && c.first == 0 {
 		return stmt
 	}
 	s := c.spec(keys)
-	s.owner = ""
+	s.owner, s.first = "", 0
 	return lockStatement(s, formOwnTx, prefix...)
 }
 

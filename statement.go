@@ -8,7 +8,8 @@ import (
 )
 
 // This file holds every SQL text the lock sends. (Fencing tokens build
-// theirs in token.go, and fenced writes in fenced.go.)
+// theirs in token.go, fenced writes in fenced.go, and semaphores in
+// semaphore.go.)
 //
 // Rules every statement here follows:
 //   - It takes no parameters, so pgx sends it with the simple protocol
@@ -74,6 +75,9 @@ import (
 //
 // A prefix, if given, comes before the statement, in the same allocation.
 func lockStatement(s lockSpec, f stmtForm, prefix ...string) string {
+	if s.slots {
+		return semaphoreStatement(s, prefix...)
+	}
 	keys, maxHold := s.keys, s.maxHold
 	fn := "pg_catalog.pg_try_advisory_xact_lock("
 	if s.shared {
@@ -123,11 +127,15 @@ type lockSpec struct {
 	shared  bool
 	maxHold time.Duration
 	owner   string // WithOwner's label, or ""
+	// slots: keys are a semaphore's slots, in slot order, of which the
+	// statement asks for one, from first (see semaphoreStatement).
+	slots bool
+	first int
 }
 
 // spec is c's lockSpec for keys.
 func (c *config) spec(keys []Key) lockSpec {
-	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner}
+	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0, first: c.first}
 }
 
 // appendOwner appends, for a holder's label (WithOwner), a CASE branch that

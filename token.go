@@ -133,7 +133,7 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 	}
 	st.tokens[seq] = token
 	if st.ev != nil {
-		st.ev.report(Event{Kind: TokenIssued, Keys: st.lock.Keys, Shared: st.lock.Shared, Token: token, Sequence: seq})
+		st.ev.report(Event{Kind: TokenIssued, Keys: st.lock.Keys, Shared: st.lock.Shared, Token: token, Sequence: seq, Slots: st.lock.Slots, Slot: st.lock.Slot})
 	}
 	return token, nil
 }

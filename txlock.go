@@ -91,11 +91,14 @@ func TryWithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Co
 // Lock describes, inside fn, the lock fn runs under. Get it with
 // LockFromContext.
 type Lock struct {
-	Keys     []Key         // the locked keys, in canonical order
+	Keys     []Key         // the locked keys, in canonical order; a semaphore's key
 	Shared   bool          // shared (WithShared) rather than exclusive
 	Held     bool          // false only when WithFailOpen ran fn without the lock
 	Attempts int           // lock statements run before the grant
 	Waited   time.Duration // time from the call to the grant
+	// Slots is a semaphore's n (WithSemaphore), 0 for a lock. Slot is the
+	// slot held, from 0 to Slots-1, whose key is SlotKey(Keys[0], Slot).
+	Slots, Slot int
 }
 
 // LockFromContext returns the Lock of the WithLock call whose fn received
@@ -222,17 +225,20 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 		cl.one[0] = key
 		a.keys = cl.one[:]
 	}
+	cl.st0.lock = Lock{Keys: a.keys, Shared: c.shared, Held: true, Slots: c.slots}
+	if a.keys, err = c.semaphoreKeys(a.keys); err != nil {
+		return false, err
+	}
 	a.stmt = lockStatement(c.spec(a.keys), formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
 	if !try && !c.shared {
 		if h := queueHandle(a.db); h != nil {
 			t = &cl.t
-			t.key = queueKey{handle: h, stmt: c.queueStmt(a.keys, a.stmt), serverWait: c.serverWait != nil}
+			t.key = queueKey{handle: h, stmt: c.queueStmt(a.keys, a.stmt), serverWait: c.serverWait != nil, slots: c.slots}
 			a.pool, _ = h.(*sql.DB)
 		}
 	}
-	cl.st0.lock = Lock{Keys: a.keys, Shared: c.shared, Held: true}
 	return lockLoop(ctx, c, c.waitMode(try), a, a, t, &cl.st0)
 }
 

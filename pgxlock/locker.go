@@ -75,6 +75,16 @@ func (l *Locker) TryWithLocks(ctx context.Context, keys []txlock.Key, fn func(ct
 	return TryWithLocks(ctx, l.pool, keys, fn, l.with(opts)...)
 }
 
+// WithSemaphore is WithSemaphore on the Locker's pool.
+func (l *Locker) WithSemaphore(ctx context.Context, key txlock.Key, n int, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) error {
+	return WithSemaphore(ctx, l.pool, key, n, fn, l.with(opts)...)
+}
+
+// TryWithSemaphore is TryWithSemaphore on the Locker's pool.
+func (l *Locker) TryWithSemaphore(ctx context.Context, key txlock.Key, n int, fn func(ctx context.Context, tx pgx.Tx) error, opts ...txlock.Option) (acquired bool, err error) {
+	return TryWithSemaphore(ctx, l.pool, key, n, fn, l.with(opts)...)
+}
+
 // LockTx is LockTx with the Locker's options, in the caller's transaction
 // tx (which need not come from the Locker's pool). Options that concern a
 // transaction of txlock's own are refused there, as by LockTx, whether they

@@ -87,6 +87,12 @@ func TestLocker(t *testing.T) {
 			assert.True(t, ok)
 			return err
 		}},
+		{"WithSemaphore", ownTx, func(opts ...txlock.Option) error { return l.WithSemaphore(ctx, key, 2, fn, opts...) }},
+		{"TryWithSemaphore", ownTx, func(opts ...txlock.Option) error {
+			ok, err := l.TryWithSemaphore(ctx, key, 2, fn, opts...)
+			assert.True(t, ok)
+			return err
+		}},
 		{"LockTx", callerTx, func(opts ...txlock.Option) error {
 			return inTx(func(tx pgx.Tx) error { return l.LockTx(ctx, tx, key, opts...) })
 		}},

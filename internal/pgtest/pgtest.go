@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
@@ -302,4 +303,21 @@ func Unavailable(t testing.TB, format string, args ...any) {
 		return
 	}
 	t.Skipf("pgtest: %s", msg)
+}
+
+// Psql returns the path of the psql client beside the PostgreSQL server
+// binaries the harness runs, for tests that take locks by hand as an
+// operator would. If there is none the test is skipped, or failed when $CI
+// is set (see Unavailable).
+func Psql(t testing.TB) string {
+	t.Helper()
+	dir, err := findPostgresBin()
+	if err == nil {
+		p := filepath.Join(dir, "psql")
+		if _, err = os.Stat(p); err == nil {
+			return p
+		}
+	}
+	Unavailable(t, "no psql beside the PostgreSQL server binaries (install the PostgreSQL client, or point %s at a directory that has it): %v", envPGBinDir, err)
+	return ""
 }
