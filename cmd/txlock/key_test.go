@@ -32,6 +32,17 @@ var keyCases = []struct {
 	{[]string{"it's a \\ name"}, []txlock.Key{txlock.StringKey(`it's a \ name`)}},
 	{[]string{"--keyspace", "émission", "ünïcode"}, []txlock.Key{txlock.NewKeyspace("émission").Key("ünïcode")}},
 	{[]string{"--", "--not-a-flag"}, []txlock.Key{txlock.StringKey("--not-a-flag")}},
+	{[]string{"--slots", "3", "orders-export"}, slotKeys(txlock.StringKey("orders-export"), 3)},
+	{[]string{"--keyspace", "billing", "inv-7", "--slots=2"}, slotKeys(txlock.NewKeyspace("billing").Key("inv-7"), 2)},
+}
+
+// slotKeys returns the keys of the n slots of the semaphore of k.
+func slotKeys(k txlock.Key, n int) []txlock.Key {
+	keys := make([]txlock.Key, n)
+	for i := range keys {
+		keys[i] = txlock.SlotKey(k, i)
+	}
+	return keys
 }
 
 // keyOutput runs every case and returns the golden text: each command line,
@@ -68,6 +79,8 @@ type block struct {
 	classid, objid uint32
 	objsubid       int
 	sql, fromName  string
+	key, name      string // key's line, and name's (for a slot of --slots)
+	slot           string
 }
 
 var pgLocksLine = regexp.MustCompile(`^classid=(\d+) objid=(\d+) objsubid=(\d+)$`)
@@ -91,6 +104,12 @@ func parseKeyOutput(t *testing.T, out string) []block {
 				b.objsubid, _ = strconv.Atoi(m[3])
 			case "sql":
 				b.sql = value
+			case "key":
+				b.key = value
+			case "name":
+				b.name = value
+			case "slot":
+				b.slot = value
 			case "from name":
 				b.fromName = value
 			}
@@ -178,4 +197,55 @@ func TestKeySQLOnServer(t *testing.T) {
 		assert.Equal(t, []int64{int64(c), int64(o), int64(sub)}, []int64{classid, objid, int64(objsubid)}, "%v", k)
 		require.NoError(t, tx.Rollback())
 	}
+}
+
+// TestKeySlots: key --slots 8 prints the 8 slots of the semaphore, in
+// order, each with its index, the description locks gives it, and the
+// numbers of txlock.SlotKey; --slots names the semaphore in a keyspace
+// too, and a number of slots out of 1 to MaxKeys is a usage error.
+func TestKeySlots(t *testing.T) {
+	r := cli(t, "key", "--slots", "8", "orders-export")
+	require.Equal(t, 0, r.code, "%+v", r)
+	require.Empty(t, r.stderr)
+	t.Log("\n" + r.stdout)
+	blocks := parseKeyOutput(t, r.stdout)
+	require.Len(t, blocks, 8)
+	for i, b := range blocks {
+		sk := txlock.SlotKey(txlock.StringKey("orders-export"), i)
+		v, ok := sk.Int64()
+		require.True(t, ok)
+		n := strconv.FormatInt(v, 10)
+		assert.Equal(t, strconv.Itoa(i), b.slot)
+		assert.Equal(t, "semaphore orders-export, slot "+strconv.Itoa(i)+" of 8", b.name)
+		assert.Equal(t, "bigint("+n+")", b.key)
+		assert.Equal(t, "pg_advisory_xact_lock("+n+")", b.sql)
+		c, o, sub := pgLocks(sk)
+		assert.Equal(t, []int64{int64(c), int64(o), int64(sub)}, []int64{int64(b.classid), int64(b.objid), int64(b.objsubid)})
+		assert.Contains(t, b.fromName, "int4send("+strconv.Itoa(i)+")")
+	}
+
+	ks := txlock.NewKeyspace("billing")
+	r = cli(t, "key", "--keyspace", "billing", "--slots", "2", "a", "b")
+	require.Equal(t, 0, r.code, "%+v", r)
+	blocks = parseKeyOutput(t, r.stdout)
+	require.Len(t, blocks, 4, "two slots of each NAME")
+	for j, b := range blocks {
+		name, i := []string{"a", "b"}[j/2], j%2
+		v, _ := txlock.SlotKey(ks.Key(name), i).Int64()
+		assert.Equal(t, "semaphore billing/"+name+", slot "+strconv.Itoa(i)+" of 2", b.name)
+		assert.Equal(t, "pg_advisory_xact_lock("+strconv.FormatInt(v, 10)+")", b.sql)
+	}
+
+	for _, n := range []string{"0", "-1", "1001"} {
+		r := cli(t, "key", "--slots", n, "orders-export")
+		assert.Equal(t, 2, r.code, "--slots %s: %+v", n, r)
+		assert.Empty(t, r.stdout)
+		assert.True(t, strings.HasPrefix(r.stderr, "txlock key: --slots: a semaphore has 1 to 1000 slots (txlock.MaxKeys), got "+n+"\n"), "--slots %s: %q", n, r.stderr)
+		assert.Contains(t, r.stderr, "Usage: txlock key")
+	}
+	r = cli(t, "key", "--slots", strconv.Itoa(txlock.MaxKeys), "x")
+	require.Equal(t, 0, r.code, "--slots MaxKeys is allowed: %+v", r.stderr)
+	blocks = parseKeyOutput(t, r.stdout)
+	require.Len(t, blocks, txlock.MaxKeys)
+	assert.Equal(t, "semaphore x, slot 999 of 1000", blocks[len(blocks)-1].name)
 }

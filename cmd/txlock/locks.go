@@ -24,17 +24,21 @@ Keys are shown by name wherever a name is known: keyspaces from --keyspace
 and from the keyspace registry (txlock.Registry), key names from --name
 (txlock.StringKey, and keys of every known keyspace), and the locks of other
 tools (golang-migrate, Prisma Migrate, Rails, Flyway, and with --name those of
-name-hashing lock libraries). A lock of a prepared transaction has no pid: it
-shows as prepared 'gid', with its owner and the time since it was prepared,
-until COMMIT PREPARED or ROLLBACK PREPARED ends it. Through PgBouncer, the
-client address is PgBouncer's. The query and client of other roles' sessions
-are shown only to superusers and members of pg_read_all_stats. Control
-characters of what the server returns are shown as escapes (\x1b).`
+name-hashing lock libraries). With --semaphore NAME=N, a lock of slot i of
+the semaphore NAME (txlock.WithSemaphore, as a StringKey and in every known
+keyspace) shows as "semaphore NAME, slot i of N". A lock of a prepared
+transaction has no pid: it shows as prepared 'gid', with its owner and the
+time since it was prepared, until COMMIT PREPARED or ROLLBACK PREPARED ends
+it. Through PgBouncer, the client address is PgBouncer's. The query and
+client of other roles' sessions are shown only to superusers and members of
+pg_read_all_stats. Control characters of what the server returns are shown
+as escapes (\x1b).`
 
 // locksOpts are the flags of locks.
 type locksOpts struct {
 	db                                string
 	keyspaces, names, migrate, flyway stringList
+	semaphores                        semaphoreList
 	registry                          string
 	registryGiven                     bool // --registry was on the command line
 	watch, json                       bool
@@ -48,6 +52,7 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 	fs.StringVar(&o.db, "db", "", "PostgreSQL `URL` (default $DATABASE_URL)")
 	fs.Var(&o.keyspaces, "keyspace", "a keyspace `SERVICE` name to decode (repeatable)")
 	fs.Var(&o.names, "name", "a key `NAME` to decode, as a StringKey, in every known keyspace, and in other tools' name-hashing schemes (repeatable)")
+	fs.Var(&o.semaphores, "semaphore", fmt.Sprintf("a semaphore `NAME=N` to decode the N slots of (1 to %d), as a StringKey and in every known keyspace (repeatable; split at the last =)", txlock.MaxKeys))
 	fs.StringVar(&o.registry, "registry", txlock.DefaultRegistrySchema+"."+txlock.DefaultRegistryTable, "the keyspace registry `SCHEMA.TABLE` to read names from; empty to read none (a missing registry is warned about only when this flag is given)")
 	fs.Var(&o.migrate, "migrate-table", "golang-migrate's migrations `SCHEMA.TABLE`, if not public.schema_migrations, split at the first dot (repeatable); golang-migrate splits x-migrations-table only with x-migrations-table-quoted, so its unquoted x-migrations-table=app.migrations is the table \"app.migrations\" in current_schema(): give public.app.migrations")
 	fs.Var(&o.flyway, "flyway-table", "Flyway's schema history `SCHEMA.TABLE`, if not public.flyway_schema_history (repeatable)")
@@ -97,6 +102,12 @@ func locksCmd(ctx context.Context, e *env, args []string) int {
 	for _, name := range o.names {
 		if err := txlock.StringKey(name).Err(); err != nil {
 			return usageError(e, fs, "--name: %v", err)
+		}
+	}
+
+	for _, s := range o.semaphores {
+		if err := txlock.StringKey(s.name).Err(); err != nil {
+			return usageError(e, fs, "--semaphore %q: %v", s.flag, err)
 		}
 	}
 
@@ -152,10 +163,13 @@ type lockRow struct {
 	// the key a waiter waits for, when WaitsFor holds a 0.
 	WaitsForPrepared []string      `json:"waits_for_prepared,omitempty"`
 	Prepared         *preparedXact `json:"prepared,omitempty"` // the prepared transaction that holds the lock
-	Query            string        `json:"query"`
-	Database         string        `json:"database"`
-	At               string        `json:"at"` // when the frame was read, RFC 3339
-	key              txlock.Key
+	// Semaphore is the slot of a --semaphore that the key is; Name is then
+	// the semaphore's name, and Label "semaphore NAME, slot i of N".
+	Semaphore *semaphoreSlot `json:"semaphore,omitempty"`
+	Query     string         `json:"query"`
+	Database  string         `json:"database"`
+	At        string         `json:"at"` // when the frame was read, RFC 3339
+	key       txlock.Key
 }
 
 // preparedXact is a prepared transaction (pg_prepared_xacts), which holds
@@ -166,13 +180,54 @@ type preparedXact struct {
 	Age   float64 `json:"age_seconds"` // since PREPARE TRANSACTION
 }
 
+// semaphoreSlot is slot Slot (from 0) of a semaphore of Slots slots.
+type semaphoreSlot struct {
+	Slot  int `json:"slot"`
+	Slots int `json:"slots"`
+}
+
+// semaphore is a --semaphore NAME=N.
+type semaphore struct {
+	flag string // as given
+	name string
+	n    int
+}
+
+// semaphoreList is the repeatable --semaphore flag.
+type semaphoreList []semaphore
+
+func (l *semaphoreList) String() string {
+	flags := make([]string, len(*l))
+	for i, s := range *l {
+		flags[i] = s.flag
+	}
+	return strings.Join(flags, ",")
+}
+
+// Set parses NAME=N, split at the last =, so that a name may hold one.
+func (l *semaphoreList) Set(v string) error {
+	i := strings.LastIndexByte(v, '=')
+	if i < 0 {
+		return fmt.Errorf("want NAME=N, such as orders-export=8")
+	}
+	n, err := strconv.Atoi(v[i+1:])
+	if err != nil {
+		return fmt.Errorf("want NAME=N, such as orders-export=8: N %q is not a number", v[i+1:])
+	}
+	if err := checkSlots(n); err != nil {
+		return err
+	}
+	*l = append(*l, semaphore{flag: v, name: v[:i], n: n})
+	return nil
+}
+
 // locksFrame reads the locks once and prints them.
 func locksFrame(ctx context.Context, e *env, db *sql.DB, target string, o *locksOpts, reg *txlock.Registry, flagSpaces map[int32]txlock.Keyspace, frame int) error {
 	rows, database, err := readLocks(ctx, db)
 	if err != nil {
 		return err
 	}
-	d := decoder{spaces: map[int32]txlock.Keyspace{}, names: o.names,
+	d := decoder{spaces: map[int32]txlock.Keyspace{}, names: o.names, semaphores: o.semaphores,
 		hints: interop.Hints{Database: database, Names: o.names, MigrateTables: o.migrate, FlywayTables: o.flyway}}
 	var warn string
 	if reg != nil {
@@ -383,13 +438,55 @@ func preparedBlockers(rows []lockRow) {
 
 // decoder turns keys back into names.
 type decoder struct {
-	spaces map[int32]txlock.Keyspace // known keyspaces by namespace
-	names  []string                  // known key names
-	hints  interop.Hints
+	spaces     map[int32]txlock.Keyspace // known keyspaces by namespace
+	names      []string                  // known key names
+	semaphores []semaphore               // known semaphores
+	hints      interop.Hints
+	slots      map[int64]slotOf // the slot keys of semaphores, made on first use (slotKeys)
 }
 
-// decode fills r's Tool, Keyspace, Name and Label from its key, where a
-// name is known.
+// slotOf is what a slot key is: slot of the semaphore name of n slots, in
+// keyspace ks if inKeyspace.
+type slotOf struct {
+	ks         txlock.Keyspace
+	inKeyspace bool
+	name       string
+	slot, n    int
+}
+
+// slotKeys returns the keys of the slots of d's semaphores, each as a
+// StringKey and in every known keyspace. Where two semaphores share a slot
+// key (one NAME given twice), the first given names it.
+func (d *decoder) slotKeys() map[int64]slotOf {
+	if d.slots != nil {
+		return d.slots
+	}
+	d.slots = map[int64]slotOf{}
+	spaces := make([]txlock.Keyspace, 0, len(d.spaces))
+	for _, ks := range d.spaces {
+		spaces = append(spaces, ks)
+	}
+	sort.Slice(spaces, func(i, j int) bool { return spaces[i].Namespace() < spaces[j].Namespace() })
+	add := func(k txlock.Key, s slotOf) {
+		for i := range s.n {
+			v, ok := txlock.SlotKey(k, i).Int64()
+			if _, seen := d.slots[v]; ok && !seen {
+				s.slot = i
+				d.slots[v] = s
+			}
+		}
+	}
+	for _, s := range d.semaphores {
+		add(txlock.StringKey(s.name), slotOf{name: s.name, n: s.n})
+		for _, ks := range spaces {
+			add(ks.Key(s.name), slotOf{ks: ks, inKeyspace: true, name: s.name, n: s.n})
+		}
+	}
+	return d.slots
+}
+
+// decode fills r's Tool, Keyspace, Name, Label and Semaphore from its key,
+// where a name is known.
 func (d *decoder) decode(r *lockRow) {
 	if a, b, ok := r.key.Pair(); ok {
 		if ks, ok := d.spaces[a]; ok {
@@ -411,6 +508,16 @@ func (d *decoder) decode(r *lockRow) {
 				r.Tool, r.Name, r.Label = "txlock", name, name
 				return
 			}
+		}
+		if s, ok := d.slotKeys()[n]; ok {
+			label := s.name
+			if s.inKeyspace {
+				r.Keyspace = s.ks.String()
+				label = s.ks.String() + "/" + s.name
+			}
+			r.Tool, r.Name, r.Label = "txlock", s.name, slotLabel(label, s.slot, s.n)
+			r.Semaphore = &semaphoreSlot{Slot: s.slot, Slots: s.n}
+			return
 		}
 	}
 	if m, ok := interop.Identify(r.key, d.hints); ok {

@@ -772,3 +772,175 @@ func TestLocksOwner(t *testing.T) {
 	assert.Equal(t, "held", held[0].Lock)
 	assert.Empty(t, findRows(rows, "owner-app"), "the session's own name is not shown while the label is")
 }
+
+// holdSlot takes the advisory lock of key k in a transaction of its own,
+// on a connection of application_name app, and keeps it until the test
+// ends: a session that takes slot i of a semaphore by hand, as psql would.
+// With queued, another session holds k: the session waits for k in the
+// background, until the wait is cancelled when the test ends.
+func holdSlot(t *testing.T, url, app string, k txlock.Key, queued bool) {
+	t.Helper()
+	ctx := context.Background()
+	db := openPool(t, withParam(t, url, "application_name", app))
+	tx, err := db.BeginTx(ctx, nil)
+	require.NoError(t, err)
+	lock := fmt.Sprintf("SELECT pg_advisory_xact_lock(%s)", numbers(k))
+	if !queued {
+		_, err = tx.ExecContext(ctx, lock)
+		require.NoError(t, err)
+		t.Cleanup(func() { assert.NoError(t, tx.Rollback()) })
+		return
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := tx.ExecContext(ctx, lock)
+		done <- err
+	}()
+	t.Cleanup(func() {
+		// The holder's cleanup, registered before, runs after this one:
+		// end the wait from the server's side first.
+		var pid int
+		if assert.NoError(t, db.QueryRowContext(ctx, `SELECT pid FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&pid)) {
+			_, err := db.ExecContext(ctx, `SELECT pg_cancel_backend($1)`, pid)
+			assert.NoError(t, err)
+		}
+		assert.Error(t, <-done, "the wait ends cancelled")
+		_ = tx.Rollback()
+	})
+}
+
+// TestLocksSemaphore: with --semaphore NAME=N, a lock of slot i of the
+// semaphore, held or waited for, shows as "semaphore NAME, slot i of N", in
+// the JSON (label, name, semaphore) and in the text; as a StringKey, in a
+// keyspace, and for a holder that txlock.WithSemaphore placed. A slot at N
+// or above is not the semaphore's.
+func TestLocksSemaphore(t *testing.T) {
+	url := freshDatabase(t)
+	ctx := context.Background()
+	k := txlock.StringKey("orders-export")
+	ks := txlock.NewKeyspace(randomName("billing-"))
+
+	holdSlot(t, url, "slot-holder", txlock.SlotKey(k, 3), false)
+	holdSlot(t, url, "slot-beyond", txlock.SlotKey(k, 8), false)
+	holdSlot(t, url, "slot-keyspace", txlock.SlotKey(ks.Key("orders-export"), 5), false)
+	holdSlot(t, url, "slot-waiter", txlock.SlotKey(k, 3), true)
+
+	// A holder of the library's, whose slot the server picks.
+	libDB := openPool(t, withParam(t, url, "application_name", "slot-lib"))
+	slot := make(chan int, 1)
+	release := make(chan struct{})
+	libErr := make(chan error, 1)
+	go func() {
+		libErr <- txlock.WithSemaphore(ctx, libDB, k, 8, func(ctx context.Context, _ *sql.Tx) error {
+			l, _ := txlock.LockFromContext(ctx)
+			slot <- l.Slot
+			<-release
+			return nil
+		})
+	}()
+	var libSlot int
+	select {
+	case libSlot = <-slot:
+	case err := <-libErr:
+		t.Fatalf("WithSemaphore did not get a slot: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("WithSemaphore did not get a slot in 30s")
+	}
+	t.Cleanup(func() {
+		close(release)
+		assert.NoError(t, <-libErr)
+	})
+	require.NotEqual(t, 3, libSlot, "slot 3 is taken")
+
+	args := []string{"--db", url, "--keyspace", ks.String(), "--semaphore", "orders-export=8"}
+	rows := eventuallyWaiting(t, "slot-waiter", args...)
+	for app, want := range map[string]struct {
+		lock, keyspace, label string
+		slot                  int
+	}{
+		"slot-holder":   {"held", "", "semaphore orders-export, slot 3 of 8", 3},
+		"slot-waiter":   {"waiting", "", "semaphore orders-export, slot 3 of 8", 3},
+		"slot-keyspace": {"held", ks.String(), "semaphore " + ks.String() + "/orders-export, slot 5 of 8", 5},
+		"slot-lib":      {"held", "", fmt.Sprintf("semaphore orders-export, slot %d of 8", libSlot), libSlot},
+	} {
+		got := findRows(rows, app)
+		require.Len(t, got, 1, "%s: %+v", app, rows)
+		r := got[0]
+		assert.Equal(t, want.lock, r.Lock, app)
+		assert.Equal(t, want.label, r.Label, app)
+		assert.Equal(t, "txlock", r.Tool, app)
+		assert.Equal(t, "orders-export", r.Name, app)
+		assert.Equal(t, want.keyspace, r.Keyspace, app)
+		assert.Equal(t, &semaphoreSlot{Slot: want.slot, Slots: 8}, r.Semaphore, app)
+		v, _ := txlock.SlotKey(k, want.slot).Int64()
+		if want.keyspace != "" {
+			v, _ = txlock.SlotKey(ks.Key("orders-export"), want.slot).Int64()
+		}
+		assert.Equal(t, "bigint("+strconv.FormatInt(v, 10)+")", r.Key, app)
+	}
+	beyond := findRows(rows, "slot-beyond")
+	require.Len(t, beyond, 1)
+	assert.Empty(t, beyond[0].Label, "slot 8 is no slot of a semaphore of 8")
+	assert.Nil(t, beyond[0].Semaphore)
+
+	// The JSON line, as a script reads it.
+	r := cli(t, "locks", "--json", "--db", url, "--semaphore", "orders-export=8")
+	require.Equal(t, 0, r.code, "%+v", r)
+	var line string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.Contains(l, `"application_name":"slot-holder"`) {
+			line = l
+		}
+	}
+	t.Log(line)
+	assert.Contains(t, line, `"tool":"txlock","name":"orders-export","label":"semaphore orders-export, slot 3 of 8",`)
+	assert.Contains(t, line, `"semaphore":{"slot":3,"slots":8}`)
+
+	// Without --semaphore, the slots are bare numbers.
+	for _, r := range locksJSON(t, "--db", url) {
+		assert.Empty(t, r.Label, "%+v", r)
+		assert.Nil(t, r.Semaphore, "%+v", r)
+	}
+
+	r = cli(t, append([]string{"locks"}, args...)...)
+	require.Equal(t, 0, r.code, "%+v", r)
+	t.Log("\n" + r.stdout)
+	v3, _ := txlock.SlotKey(k, 3).Int64()
+	v5, _ := txlock.SlotKey(ks.Key("orders-export"), 5).Int64()
+	slot3 := regexp.QuoteMeta(fmt.Sprintf("bigint(%d)", v3)) + ` +semaphore orders-export, slot 3 of 8 +`
+	assert.Regexp(t, `(?m)^\d+ +held +`+slot3+`slot-holder +`, r.stdout)
+	assert.Regexp(t, `(?m)^\d+ +waiting +`+slot3+`slot-waiter +.* pid \d+ +SELECT pg_advisory_xact_lock`, r.stdout)
+	assert.Regexp(t, `(?m)^\d+ +held +`+regexp.QuoteMeta(fmt.Sprintf("bigint(%d) ", v5))+` *`+regexp.QuoteMeta("semaphore "+ks.String()+"/orders-export, slot 5 of 8")+` +slot-keyspace +`, r.stdout)
+	assert.Regexp(t, `(?m)^\d+ +held +bigint\(-?\d+\) +`+regexp.QuoteMeta(fmt.Sprintf("semaphore orders-export, slot %d of 8", libSlot))+` +slot-lib +`, r.stdout)
+	assert.Regexp(t, `(?m)^\d+ +held +bigint\(-?\d+\) +- +slot-beyond +`, r.stdout)
+}
+
+// TestLocksSemaphoreFlag: --semaphore splits NAME=N at the last =, so a
+// NAME may hold one, and takes N from 1 to MaxKeys; anything else is a
+// usage error that names the flag and the bound.
+func TestLocksSemaphoreFlag(t *testing.T) {
+	var l semaphoreList
+	require.NoError(t, l.Set("orders-export=8"))
+	require.NoError(t, l.Set("a=b=1000"))
+	require.NoError(t, l.Set("one=1"))
+	assert.Equal(t, semaphoreList{{"orders-export=8", "orders-export", 8}, {"a=b=1000", "a=b", 1000}, {"one=1", "one", 1}}, l)
+
+	for flag, msg := range map[string]string{
+		"orders-export=0":    "a semaphore has 1 to 1000 slots (txlock.MaxKeys), got 0",
+		"orders-export=1001": "a semaphore has 1 to 1000 slots (txlock.MaxKeys), got 1001",
+		"orders-export=-3":   "a semaphore has 1 to 1000 slots (txlock.MaxKeys), got -3",
+		"orders-export=":     `want NAME=N, such as orders-export=8: N "" is not a number`,
+		"a=8=x":              `want NAME=N, such as orders-export=8: N "x" is not a number`,
+		"orders-export":      "want NAME=N, such as orders-export=8",
+	} {
+		r := cli(t, "locks", "--db", "postgres://x@127.0.0.1/db", "--semaphore", flag)
+		assert.Equal(t, 2, r.code, "%s: %+v", flag, r)
+		first, _, _ := strings.Cut(r.stderr, "\n")
+		assert.Equal(t, fmt.Sprintf("txlock locks: invalid value %q for flag -semaphore: %s", flag, msg), first)
+		assert.Contains(t, r.stderr, "Usage: txlock locks")
+		assert.Empty(t, r.stdout)
+	}
+	r := cli(t, "locks", "--db", "postgres://x@127.0.0.1/db", "--semaphore", "=8")
+	assert.Equal(t, 2, r.code, "%+v", r)
+	assert.True(t, strings.HasPrefix(r.stderr, `txlock locks: --semaphore "=8": `), "%q", r.stderr)
+}

@@ -5,12 +5,14 @@
 //
 // Usage:
 //
-//	txlock key [--keyspace SERVICE] NAME...
-//	txlock locks [--db URL] [--keyspace SERVICE]... [--name NAME]... [--watch] [--json]
+//	txlock key [--keyspace SERVICE] [--slots N] NAME...
+//	txlock locks [--db URL] [--keyspace SERVICE]... [--name NAME]... [--semaphore NAME=N]... [--watch] [--json]
 //	txlock doctor [--db URL]
 //
 // --db defaults to $DATABASE_URL. Run txlock COMMAND --help for each
-// command's flags.
+// command's flags. Semaphores (txlock.WithSemaphore) show by slot: key
+// --slots N shows the keys of a semaphore's N slots, and locks --semaphore
+// NAME=N names a lock of slot i as "semaphore NAME, slot i of N".
 package main
 
 import (
