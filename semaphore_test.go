@@ -243,8 +243,7 @@ func TestSemaphoreAcrossProcesses(t *testing.T) {
 }
 
 // A semaphore takes WithLock's options: events name the slot, the hold
-// bound ends a holder that outlives it, fencing tokens are drawn, and a
-// standby is refused.
+// bound ends a holder that outlives it, and fencing tokens are drawn.
 func TestSemaphoreOptions(t *testing.T) {
 	ctx := context.Background()
 	db := direct(t)
@@ -278,9 +277,12 @@ func TestSemaphoreOptions(t *testing.T) {
 		return err
 	}, txlock.WithMaxHold(300*time.Millisecond))
 	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
+}
 
+// A semaphore on a standby is refused, as a lock is.
+func TestSemaphoreStandby(t *testing.T) {
 	standby := open(t, pgtest.Standby(t))
-	err = txlock.WithSemaphore(ctx, standby, key, 2, func(context.Context, *sql.Tx) error {
+	err := txlock.WithSemaphore(context.Background(), standby, txlock.StringKey(uniq(t)), 2, func(context.Context, *sql.Tx) error {
 		t.Error("fn ran on a standby")
 		return nil
 	})

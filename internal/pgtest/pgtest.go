@@ -22,6 +22,7 @@ package pgtest
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sync"
@@ -311,6 +312,8 @@ func Unavailable(t testing.TB, format string, args ...any) {
 // is set (see Unavailable).
 func Psql(t testing.TB) string {
 	t.Helper()
+	// The server binaries of some packages come without psql: any psql on
+	// PATH speaks to every server version the tests run.
 	dir, err := findPostgresBin()
 	if err == nil {
 		p := filepath.Join(dir, "psql")
@@ -318,6 +321,10 @@ func Psql(t testing.TB) string {
 			return p
 		}
 	}
-	Unavailable(t, "no psql beside the PostgreSQL server binaries (install the PostgreSQL client, or point %s at a directory that has it): %v", envPGBinDir, err)
+	p, perr := exec.LookPath("psql")
+	if perr == nil {
+		return p
+	}
+	Unavailable(t, "no psql beside the PostgreSQL server binaries or on PATH (install the PostgreSQL client): %v; %v", err, perr)
 	return ""
 }
