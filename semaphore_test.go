@@ -192,9 +192,6 @@ func semChild() int {
 // two seconds: at most 3 inside at once by the server's clock, never two in
 // a slot, and every process and every slot gets a fair share.
 func TestSemaphoreAcrossProcesses(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts processes")
-	}
 	for _, via := range []string{"direct", "PgBouncer"} {
 		t.Run(via, func(t *testing.T) {
 			admin := direct(t)
