@@ -22,12 +22,17 @@ import (
 // so that each client connection meets many server connections (PgBouncer
 // has 5); every draw succeeds and every token is distinct. (Four keys, so
 // that at most four holders hold a server connection while they draw on a
-// fifth: see WithFencing for the pooler's own pool.) Fenced writes run where the mode lets the
+// fifth: see WithFencing for the pooler's own pool.) Where the mode lets the
 // caller's own bind parameters through (not cache_statement or
-// describe_exec, which fail for any parameterized query there), and terms,
-// which draw a token at their start, in every mode.
+// describe_exec, which fail for any parameterized query there), every
+// holder also makes a fenced write of its key's row with its token, on the
+// pool, outside the lock's transaction, concurrently with the other keys'
+// holders: every write succeeds, and each row ends with its key's last
+// token and the number of writes made to it. (Those holders poll for the
+// lock, with WithRetry(ExponentialBackoff{}): see below.) Terms, which draw
+// a token at their start, run in every mode.
 func TestTokensInEveryExecMode(t *testing.T) {
-	const workers, iters = 16, 50
+	const workers, iters, keys = 16, 50, 4
 	for _, tc := range []struct {
 		mode        string
 		fencedWrite bool
@@ -44,15 +49,31 @@ func TestTokensInEveryExecMode(t *testing.T) {
 			admin := direct(t)
 			ft := stockTable(t, admin)
 			ctx := context.Background()
+			sku := func(k int) string { return fmt.Sprintf("SKU-K%d", k) }
+			for k := range keys {
+				_, err := admin.Exec(`INSERT INTO `+ft.Name+` (sku, qty) VALUES ($1, 0)`, sku(k))
+				require.NoError(t, err)
+			}
 			var mu sync.Mutex
 			seen := map[int64]bool{}
+			var last [keys]int64 // the largest token issued for each key
+			var writes [keys]int // the fenced writes made to each key's row
 			errs := make(chan error, workers*iters)
 			var wg sync.WaitGroup
 			for w := range workers {
-				key := txlock.StringKey(fmt.Sprintf("%s/%d", t.Name(), w%4))
-				var opts []txlock.Option
+				k := w % keys
+				key := txlock.StringKey(fmt.Sprintf("%s/%d", t.Name(), k))
+				opts := []txlock.Option{txlock.WithTimeout(30 * time.Second)}
 				if w%2 == 0 {
 					opts = append(opts, txlock.WithFencing())
+				}
+				if tc.fencedWrite {
+					// With the default strategy each key's next caller
+					// waits in the server's lock queue for up to 200ms, on
+					// a server connection: four holders and four such
+					// waits fill PgBouncer's five, and a write outside the
+					// transaction waits for one of them to end.
+					opts = append(opts, txlock.WithRetry(txlock.ExponentialBackoff{}))
 				}
 				wg.Go(func() {
 					for range iters {
@@ -64,12 +85,24 @@ func TestTokensInEveryExecMode(t *testing.T) {
 							mu.Lock()
 							dup := seen[tok]
 							seen[tok] = true
+							last[k] = max(last[k], tok)
+							if tc.fencedWrite {
+								writes[k]++
+							}
+							n := writes[k]
 							mu.Unlock()
 							if dup {
 								return fmt.Errorf("token %d issued twice", tok)
 							}
-							return nil
-						}, append(opts, txlock.WithTimeout(30*time.Second))...)
+							if !tc.fencedWrite {
+								return nil
+							}
+							written, err := ft.Update(ctx, db, tok, []txlock.Col{{Name: "qty", Value: n}}, []txlock.Col{{Name: "sku", Value: sku(k)}})
+							if err == nil && written != 1 {
+								err = fmt.Errorf("fenced write of %s wrote %d rows", sku(k), written)
+							}
+							return err
+						}, opts...)
 					}
 				})
 			}
@@ -81,21 +114,18 @@ func TestTokensInEveryExecMode(t *testing.T) {
 					failed[err.Error()]++
 				}
 			}
-			require.Empty(t, failed, "draws that failed, by error")
+			require.Empty(t, failed, "draws and fenced writes that failed, by error")
 			assert.Len(t, seen, workers*iters)
 
 			if tc.fencedWrite {
-				key := txlock.StringKey(uniq(t))
-				require.NoError(t, txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-					tok, err := txlock.FenceToken(ctx)
-					if err != nil {
-						return err
-					}
-					_, err = ft.Update(ctx, db, tok, []txlock.Col{{Name: "qty", Value: 49}}, []txlock.Col{{Name: "sku", Value: "SKU-1001"}})
-					return err
-				}, txlock.WithFencing()))
-				qty, _ := readStock(t, admin, ft)
-				assert.Equal(t, 49, qty)
+				for k := range keys {
+					var qty int
+					var tok int64
+					require.NoError(t, admin.QueryRow(`SELECT qty, fence_token FROM `+ft.Name+` WHERE sku = $1`, sku(k)).Scan(&qty, &tok))
+					assert.Equal(t, workers/keys*iters, writes[k], "holders of key %d", k)
+					assert.Equal(t, writes[k], qty, "fenced writes of %s", sku(k))
+					assert.Equal(t, last[k], tok, "the token of %s", sku(k))
+				}
 			}
 
 			beat := txlock.Heartbeat{Interval: 100 * time.Millisecond, Timeout: 2 * time.Second, TTL: 5 * time.Second}

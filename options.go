@@ -321,8 +321,11 @@ func WithSerializationRetries(n int) Option {
 // no attempt; WithFailOpen does not apply to it). Each draw on the
 // connection is bounded by 10 seconds, and does not end when the drawing
 // fn's context does, so that a holder that gives up does not break the
-// connection for the others; a draw that fails on it closes it, and until
-// a later call sets another aside, draws are made as without this option.
+// connection for the others. A draw that breaks the connection (an error
+// the server did not send, a connection exception, or the server ending
+// the session) closes it, and until a later call sets another aside, draws
+// are made as without this option; a draw that fails otherwise (a missing
+// sequence, say) leaves it in use.
 //
 // db must be a pool (*sql.DB, *sqlx.DB, *pgxpool.Pool) that allows two
 // connections at least; otherwise the call returns ErrInvalidArgument. It

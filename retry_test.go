@@ -1,6 +1,8 @@
 package txlock_test
 
 import (
+	"context"
+	"database/sql"
 	"testing"
 	"time"
 
@@ -8,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 )
 
 func TestExponentialBackoffBounds(t *testing.T) {
@@ -88,3 +91,57 @@ func TestBackoffConcurrentUse(t *testing.T) {
 		<-done
 	}
 }
+
+// Once fn has run and failed with a real 40001, a TryWithLock whose retry
+// finds the lock busy reports fn's error, with the lock acquired: never
+// "not acquired".
+func TestSerializationRetryFindsLockBusy(t *testing.T) {
+	for _, target := range retryTargets {
+		for _, level := range retryLevels {
+			t.Run(target.name+"/"+level.String(), func(t *testing.T) {
+				db, admin := target.open(t)
+				s := locktest.NewStoppedRetry(t, admin)
+				ok, err := txlock.TryWithLock(context.Background(), db, s.Key, func(ctx context.Context, tx *sql.Tx) error {
+					return s.Fn(ctx, locktest.SQLTx{Tx: tx})
+				}, txlock.WithTxOptions(&sql.TxOptions{Isolation: level}), txlock.WithSerializationRetries(2))
+				assert.True(t, ok, "fn ran under the lock: %v", err)
+				s.Check(err)
+				assert.ErrorContains(t, err, "the retry found the lock busy")
+			})
+		}
+	}
+}
+
+// Once fn has run and failed with a real 40001, a WithLock whose retry's
+// wait times out reports fn's error, joined with the timeout: described,
+// and not matched, since fn did run.
+func TestSerializationRetryTimesOut(t *testing.T) {
+	for _, target := range retryTargets {
+		for _, level := range retryLevels {
+			t.Run(target.name+"/"+level.String(), func(t *testing.T) {
+				db, admin := target.open(t)
+				s := locktest.NewStoppedRetry(t, admin)
+				require.NoError(t, db.Ping()) // the first round's attempt needs no new connection
+				err := txlock.WithLock(context.Background(), db, s.Key, func(ctx context.Context, tx *sql.Tx) error {
+					return s.Fn(ctx, locktest.SQLTx{Tx: tx})
+				}, txlock.WithTxOptions(&sql.TxOptions{Isolation: level}), txlock.WithSerializationRetries(2),
+					txlock.WithTimeout(time.Second))
+				s.Check(err)
+				assert.ErrorContains(t, err, "lock wait timed out")
+				assert.NotErrorIs(t, err, txlock.ErrLockTimeout, "fn ran: its error is the result")
+			})
+		}
+	}
+}
+
+// retryTargets are the pools the stopped-retry tests run fn through, each
+// with the direct pool that sets the scene.
+var retryTargets = []struct {
+	name string
+	open func(t *testing.T) (db, admin *sql.DB)
+}{
+	{"direct", func(t *testing.T) (*sql.DB, *sql.DB) { db := direct(t); return db, db }},
+	{"pgbouncer/exec", func(t *testing.T) (*sql.DB, *sql.DB) { db, _ := bouncer(t, "exec"); return db, direct(t) }},
+}
+
+var retryLevels = []sql.IsolationLevel{sql.LevelRepeatableRead, sql.LevelSerializable}

@@ -3,7 +3,9 @@ package pgxlock_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
 	"github.com/txlock/txlock/pgxlock"
 )
 
@@ -131,6 +134,177 @@ func TestFencedWriteInLock(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Contains(t, kinds, txlock.StaleWrite, "the refusal is the call's event")
+}
+
+// Fenced writes in every pgx exec mode, made concurrently by holders that
+// draw their tokens (WithFencing) in that mode: 16 workers on a pool of 20,
+// over 4 keys, each holder writing its key's row with its token, so that
+// each client connection meets many server connections behind PgBouncer
+// (which has 5). Every draw succeeds, and every token is distinct.
+// Directly, the writes run on the pool in all five modes; through PgBouncer
+// 1.18 in transaction mode, on the pool in the modes that let the caller's
+// bind parameters through (exec, simple_protocol, cache_describe), and on
+// the lock's own transaction in the two that do not: there describe_exec
+// works, and cache_statement does not. Every write that succeeds is the
+// row's: each row ends with the token and the count of its key's last
+// successful write.
+func TestFencedWritesInEveryExecMode(t *testing.T) {
+	const workers, iters, keys = 16, 25, 4
+	errWrite := errors.New("fenced write")
+	for _, tc := range []struct {
+		name   string
+		mode   string
+		bounce bool
+		onTx   bool // the writes run on the lock's transaction, not on the pool
+		lost   bool // writes can fail: their prepared statement lost, or another client's
+	}{
+		{name: "direct/cache_statement", mode: "cache_statement"},
+		{name: "direct/describe_exec", mode: "describe_exec"},
+		{name: "direct/cache_describe", mode: "cache_describe"},
+		{name: "direct/exec", mode: "exec"},
+		{name: "direct/simple_protocol", mode: "simple_protocol"},
+		{name: "pgbouncer/exec", mode: "exec", bounce: true},
+		{name: "pgbouncer/simple_protocol", mode: "simple_protocol", bounce: true},
+		{name: "pgbouncer/cache_describe", mode: "cache_describe", bounce: true},
+		// Works: PgBouncer keeps a transaction on one server connection, so
+		// the statement described in one round trip is there for the next.
+		{name: "pgbouncer/describe_exec/tx", mode: "describe_exec", bounce: true, onTx: true},
+		// Fails: pgx names a statement after its text and keeps it per client
+		// connection, but it lives on whichever server connection the
+		// transaction got (42P05 already exists, 26000 does not exist).
+		{name: "pgbouncer/cache_statement/tx", mode: "cache_statement", bounce: true, onTx: true, lost: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var pool *pgxpool.Pool
+			var admin *sql.DB
+			opts := []txlock.Option{txlock.WithFencing(), txlock.WithTimeout(30 * time.Second)}
+			if tc.bounce {
+				pool, admin, _ = bouncer(t, tc.mode)
+				// With the default strategy each key's next caller waits
+				// in the server's lock queue for up to 200ms, on a server
+				// connection: four holders and four such waits fill
+				// PgBouncer's five, and the draws wait for one to end.
+				opts = append(opts, txlock.WithRetry(txlock.ExponentialBackoff{}))
+			} else {
+				_, admin = direct(t)
+				pool = newPool(t, pgtest.Postgres(t), tc.mode, 20)
+			}
+			ctx := context.Background()
+			require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
+			ft := txlock.FencedTable{Name: stockTable(t, admin)}
+			sku := func(k int) string { return fmt.Sprintf("SKU-K%d", k) }
+			for k := range keys {
+				_, err := admin.Exec(`INSERT INTO `+ft.Name+` (sku, qty) VALUES ($1, 0)`, sku(k))
+				require.NoError(t, err)
+			}
+			if tc.lost {
+				// One holder after another, each with a pool of its own, new
+				// to the statement: the write of one whose transaction lands
+				// on a server connection where an earlier one prepared the
+				// statement fails (42P05), and any other succeeds.
+				url, _ := pgtest.PgBouncer(t)
+				ft := txlock.FencedTable{Name: stockTable(t, admin)}
+				prepared := map[int32]bool{} // the backends where a write prepared it
+				key := txlock.StringKey(uniq(t))
+				for met := false; !met; {
+					require.Less(t, len(prepared), 50, "no two holders met on a server connection")
+					var pid int32
+					err := pgxlock.WithLock(ctx, newPool(t, url, tc.mode, 2), key, func(ctx context.Context, tx pgx.Tx) error {
+						tok, err := txlock.FenceToken(ctx)
+						if err != nil {
+							return err
+						}
+						if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`, pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+							return err
+						}
+						_, err = ft.On(pgxlock.QuerierOf(tx)).Update(ctx, tok, []txlock.Col{{Name: "qty", Value: 1}}, []txlock.Col{{Name: "sku", Value: "SKU-1001"}})
+						return err
+					}, opts...)
+					if met = prepared[pid]; met {
+						assert.Equal(t, "42P05", txlock.SQLState(err), "a write on backend %d, where an earlier one prepared the statement: %v", pid, err)
+						t.Logf("holder %d met an earlier one on backend %d: %v", len(prepared)+1, pid, err)
+					} else {
+						require.NoError(t, err, "the first write on backend %d", pid)
+						prepared[pid] = true
+					}
+				}
+			}
+
+			var mu sync.Mutex
+			seen := map[int64]bool{}
+			var last [keys]int64 // the token of each key's last successful write
+			var writes [keys]int // the successful writes of each key's row
+			errs := make(chan error, workers*iters)
+			base := uniq(t)
+			var wg sync.WaitGroup
+			for w := range workers {
+				k := w % keys
+				key := txlock.StringKey(fmt.Sprintf("%s/%d", base, k))
+				wg.Go(func() {
+					for range iters {
+						errs <- pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
+							tok, err := txlock.FenceToken(ctx)
+							if err != nil {
+								return err
+							}
+							mu.Lock()
+							dup := seen[tok]
+							seen[tok] = true
+							n := writes[k] + 1
+							mu.Unlock()
+							if dup {
+								return fmt.Errorf("token %d issued twice", tok)
+							}
+							q := pgxlock.QuerierOf(pool)
+							if tc.onTx {
+								q = pgxlock.QuerierOf(tx)
+							}
+							written, err := ft.On(q).Update(ctx, tok, []txlock.Col{{Name: "qty", Value: n}}, []txlock.Col{{Name: "sku", Value: sku(k)}})
+							if err != nil {
+								return fmt.Errorf("%w: %w", errWrite, err)
+							}
+							if written != 1 {
+								return fmt.Errorf("fenced write of %s wrote %d rows", sku(k), written)
+							}
+							mu.Lock()
+							writes[k], last[k] = n, tok
+							mu.Unlock()
+							return nil
+						}, opts...)
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			failed := map[string]int{}
+			lost := 0
+			for err := range errs {
+				switch {
+				case err == nil:
+				case tc.lost && errors.Is(err, errWrite) && slices.Contains([]string{"42P05", "26000"}, txlock.SQLState(err)):
+					lost++
+				default:
+					failed[err.Error()]++
+				}
+			}
+			require.Empty(t, failed, "draws and fenced writes that failed, by error")
+			assert.Len(t, seen, workers*iters, "draws")
+			if tc.lost {
+				// Most runs lose some, a few none.
+				t.Logf("%d of %d fenced writes lost their prepared statement", lost, workers*iters)
+			}
+			for k := range keys {
+				var qty int
+				var tok int64
+				require.NoError(t, admin.QueryRow(`SELECT qty, fence_token FROM `+ft.Name+` WHERE sku = $1`, sku(k)).Scan(&qty, &tok))
+				if !tc.lost {
+					assert.Equal(t, workers/keys*iters, writes[k], "fenced writes of %s", sku(k))
+				}
+				assert.Equal(t, writes[k], qty, "the count in %s", sku(k))
+				assert.Equal(t, last[k], tok, "the token of %s", sku(k))
+			}
+		})
+	}
 }
 
 func TestFencedWritesNilQuerier(t *testing.T) {

@@ -183,7 +183,7 @@ check() {
 		if grep -q '^replace\b\|^replace (' "$m/go.mod"; then
 			die "$m/go.mod has a replace directive, which a consumer's build ignores: local development goes through go.work"
 		fi
-		if grep -E "github.com/txlock/txlock(/[a-z]+)? v[^ ]*-[0-9]{14}-[0-9a-f]{12}" "$m/go.mod"; then
+		if grep -E "github.com/txlock/txlock(/[a-z]+)? v[^ ]*[-.][0-9]{14}-[0-9a-f]{12}" "$m/go.mod"; then
 			die "$m/go.mod requires a txlock module at a pseudo-version: require the release version (scripts/release.sh prepare)"
 		fi
 		if grep -E "github.com/txlock/txlock(/[a-z]+)? v" "$m/go.mod" | grep -v " $version\( \|\$\)"; then
