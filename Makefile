@@ -42,6 +42,7 @@ timed = start=$$(date +%s); status=0; ( $(2) ) || status=$$?; \
 demo:
 	@$(DEPS) demo
 	go run ./examples/inventory
+	go run ./examples/exportpool
 
 test: deps check suites matrix modules
 

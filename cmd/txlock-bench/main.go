@@ -19,6 +19,10 @@
 // bystander scenario puts another service's SELECT 1, every 5 ms, through
 // the PgBouncer that a fleet of 30 pools contends behind, and reports its
 // latency.
+// The semaphore scenario shares the 4 slots of one key (WithSemaphore)
+// among 16 workers, beside its ideal, 4 independent keys of 4 workers each,
+// and beside the slots polled by hand, one try a slot, as allisson/go-pglock's
+// README builds a resource pool.
 //
 // Compare numbers within one run: they are ratios' raw material, and the
 // absolute values depend on the machine and its load.

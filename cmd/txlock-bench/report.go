@@ -106,6 +106,8 @@ func baseline(scenario string) string {
 	switch {
 	case strings.HasPrefix(scenario, "uncontended"), scenario == "many-keys":
 		return "plain-tx"
+	case scenario == "semaphore":
+		return "txlock-4-keys"
 	default:
 		return "pg-blocking"
 	}

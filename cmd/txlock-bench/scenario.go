@@ -27,6 +27,11 @@ type scenario struct {
 	keys    int  // 0: random rows of all; 1: one key; n: n keys
 	pools   int  // n > 1: split the workers over n pools (n "processes"), worker i in pool i mod n
 	network bool // through the simulated network (the name ends in -network)
+	// keyPerWorker: worker i locks key i mod keys every time, rather than a
+	// random one of the keys: keys independent locks, each of its own
+	// workers. (The semaphore implementations lock their one key whatever
+	// the row.)
+	keyPerWorker bool
 	// bystander: a client of another service sends SELECT 1 through the
 	// same PgBouncer every bystanderEvery while the workers run, and its
 	// latencies are reported (result.Bystander*).
@@ -116,7 +121,10 @@ func scenarios(o options) []scenario {
 	var out []scenario
 	uncontended := func(name, via string, network bool, fn work) scenario {
 		impls := []impl{txlockImpl("txlock"), pgxlockImpl("pgxlock"), plainTx, plainTxRoundTrip, plainTxLockStmt, plainTxBareLock,
-			plainPgx, plainPgxBareLockInBegin, forUpdate, rl, rlPgx}
+			plainPgx, plainPgxBareLockInBegin, forUpdate, rl, rlPgx,
+			// A semaphore's uncontended acquisition, beside WithLock's: the
+			// same round trips, a longer statement.
+			txlockSemaphoreImpl("txlock-semaphore", semaphoreSlots, lockKey), pgxlockSemaphoreImpl("pgxlock-semaphore", semaphoreSlots, lockKey)}
 		if via == "direct" {
 			impls = append(impls, sessionLock)
 		}
@@ -139,6 +147,13 @@ func scenarios(o options) []scenario {
 	many := append([]impl{txlockImpl("txlock"), plainTx, blocking, forUpdate, rl}, txlockStrategies()...)
 	for _, via := range []string{"direct", "pgbouncer"} {
 		out = append(out, scenario{name: "many-keys", via: via, workers: 64, keys: 1000, fn: updateAndHold(0), impls: many})
+	}
+	// A semaphore of 4 slots shared by 16 workers, against its ideal, 4
+	// independent keys of 4 workers each (the 16 workers' total), and
+	// against its slots polled by hand (semaphoreImpls).
+	for _, via := range []string{"direct", "pgbouncer"} {
+		out = append(out, scenario{name: "semaphore", via: via, workers: 16, hold: time.Millisecond, keys: semaphoreSlots, keyPerWorker: true,
+			fn: holdFor(time.Millisecond), impls: semaphoreImpls()})
 	}
 	// Between processes, polling is what passes the lock: a backoff tuned to
 	// the hold time (a poll every 1–2 ms here) is measured there too.
@@ -281,6 +296,8 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 			for !stopFlag.Load() {
 				id := 1
 				switch {
+				case sc.keyPerWorker:
+					id = 1 + wi%max(sc.keys, 1)
 				case sc.keys == 0:
 					id = 1 + rand.IntN(rows)
 				case sc.keys > 1:

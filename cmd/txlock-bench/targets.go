@@ -16,6 +16,7 @@ func printTargets(w io.Writer, rs []result) {
 	fmt.Fprintln(w, "|---|---|---:|---|")
 	t.oneProcess()
 	t.floors()
+	t.semaphore()
 	t.contendedNetwork()
 	t.fleet()
 	t.bystander()
@@ -226,6 +227,54 @@ func (t targets) floors() {
 				} else {
 					t.reference(name, via, v)
 				}
+			}
+		}
+	}
+}
+
+// semaphore prints the semaphore's targets: 16 workers sharing 4 slots of
+// one key, within 0.9x of the throughput and 2x of the p99 wait of 4
+// independent keys of WithLock (4 workers each, the same 16 workers in
+// all), on each path against its own WithLock; with the server's blocking
+// lock on the 4 keys, and the slots polled by hand, for comparison. Then
+// the uncontended acquisition against WithLock's: the same statements.
+func (t targets) semaphore() {
+	const sc = "semaphore"
+	pre := fmt.Sprintf("semaphore n=%d 16w 1ms: ", semaphoreSlots)
+	for _, via := range []string{"direct", "pgbouncer"} {
+		for _, pair := range [][2]string{{"txlock-semaphore", "txlock-4-keys"}, {"pgxlock-semaphore", "pgxlock-4-keys"}} {
+			sem, ideal := pair[0], pair[1]
+			if find(t.rs, sc, via, sem, 16, 1) == nil {
+				continue
+			}
+			v := t.ratio(sc, via, sem, ideal, 16, 1, tput)
+			t.check(pre+"throughput "+sem+" ÷ "+ideal+" ≥ 0.9", via, v, v >= 0.9, "%.3f")
+			v = t.ratio(sc, via, sem, ideal, 16, 1, p99)
+			t.check(pre+"p99 wait "+sem+" ÷ "+ideal+" ≤ 2", via, v, v <= 2, "%.3f")
+			t.reference(pre+"throughput "+sem+" ÷ pg-blocking-4-keys", via, t.ratio(sc, via, sem, "pg-blocking-4-keys", 16, 1, tput))
+			t.reference(pre+"p99 wait "+sem+" ÷ pg-blocking-4-keys", via, t.ratio(sc, via, sem, "pg-blocking-4-keys", 16, 1, p99))
+			t.reference(pre+"throughput "+sem+" ÷ slot-poll-1ms", via, t.ratio(sc, via, sem, "slot-poll-1ms", 16, 1, tput))
+			t.reference(pre+"p99 wait "+sem+" ÷ slot-poll-1ms", via, t.ratio(sc, via, sem, "slot-poll-1ms", 16, 1, p99))
+		}
+		for _, im := range []string{"txlock-semaphore", "pgxlock-semaphore", "txlock-4-keys", "pgxlock-4-keys", "slot-poll-1ms"} {
+			if r := find(t.rs, sc, via, im, 16, 1); r != nil {
+				t.reference(pre+im+" statements per acquisition", via, r.StmtsPerAcq)
+			}
+		}
+		t.reference(pre+"throughput slot-poll-1ms ÷ txlock-4-keys", via, t.ratio(sc, via, "slot-poll-1ms", "txlock-4-keys", 16, 1, tput))
+		t.reference(pre+"throughput txlock-4-keys ÷ pg-blocking-4-keys", via, t.ratio(sc, via, "txlock-4-keys", "pg-blocking-4-keys", 16, 1, tput))
+	}
+	// Uncontended, n = 4 and one worker: the semaphore's statement tries
+	// the slots in one round trip, as WithLock's takes its key.
+	for _, name := range []string{"uncontended-select", "uncontended-update", "uncontended-select-network", "uncontended-update-network"} {
+		for _, via := range []string{"direct", "pgbouncer"} {
+			for _, pair := range [][2]string{{"txlock-semaphore", "txlock"}, {"pgxlock-semaphore", "pgxlock"}} {
+				sem, lock := find(t.rs, name, via, pair[0], 1, 0), find(t.rs, name, via, pair[1], 1, 0)
+				if sem == nil || lock == nil {
+					continue
+				}
+				t.reference(fmt.Sprintf("%s, n=%d: time %s ÷ %s", name, semaphoreSlots, pair[0], pair[1]), via, 1/t.ratio(name, via, pair[0], pair[1], 1, 0, tput))
+				fmt.Fprintf(t.w, "| %s, n=%d: statements per acquisition, %s / %s | %s | %.2f / %.2f | (reference) |\n", name, semaphoreSlots, pair[0], pair[1], via, sem.StmtsPerAcq, lock.StmtsPerAcq)
 			}
 		}
 	}
