@@ -271,10 +271,7 @@ func preparedStatementLost(err error) bool {
 }
 
 // queryRowTx runs query in a transaction of its own on q, and commits. With
-// prepared, it runs it as a statement prepared, run and closed in that
-// transaction; its text then ends with a comment of random bytes, so that
-// its name (which pgx derives from the text) is not one that another client
-// left on the server connection.
+// prepared, it runs it as preparedRow does, in that transaction.
 func queryRowTx(ctx context.Context, q rowQuerier, query string, prepared bool, dest ...any) error {
 	tx, err := q.BeginTx(ctx, nil)
 	if err != nil {
@@ -284,21 +281,36 @@ func queryRowTx(ctx context.Context, q rowQuerier, query string, prepared bool, 
 	if !prepared {
 		err = tx.QueryRowContext(ctx, query).Scan(dest...)
 	} else {
-		var nonce [8]byte
-		_, _ = rand.Read(nonce[:])
-		stmt, perr := tx.PrepareContext(ctx, query+" /* txlock "+hex.EncodeToString(nonce[:])+" */")
-		if perr != nil {
-			return perr
-		}
-		err = stmt.QueryRowContext(ctx).Scan(dest...)
-		if cerr := stmt.Close(); err == nil {
-			err = cerr
-		}
+		err = preparedRow(ctx, tx, query, dest...)
 	}
 	if err != nil {
 		return err
 	}
 	return tx.Commit()
+}
+
+// preparer is where preparedRow runs: a *sql.Tx.
+type preparer interface {
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
+// preparedRow runs query on p as a statement prepared, run and closed, and
+// scans its row. Its text ends with a comment of random bytes, so that its
+// name (which pgx derives from the text) is not one that another client
+// left on the server connection. In a transaction, the three round trips
+// meet the same server connection behind a transaction-mode pooler.
+func preparedRow(ctx context.Context, p preparer, query string, dest ...any) error {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	stmt, err := p.PrepareContext(ctx, query+" /* txlock "+hex.EncodeToString(nonce[:])+" */")
+	if err != nil {
+		return err
+	}
+	err = stmt.QueryRowContext(ctx).Scan(dest...)
+	if cerr := stmt.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // errPoolFull explains a draw refused because the pool has no connection

@@ -168,7 +168,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acqu
 			return true, errors.Join(fnErr, retryNotRun(ctx, werr))
 		case errors.Is(werr, errBusy):
 			return false, nil
-		case h != nil && c.failOpen && reachedDeadline(werr):
+		case h != nil && c.failOpen && mode != tryOnce && reachedDeadline(werr):
 			w.wc.stop()
 			t.leave()
 			return false, c.holdUnlocked(ctx, h, st)
@@ -356,7 +356,7 @@ func (w *waiter) tookHandoff(out outcome, err error) {
 // connection error that happens to arrive after the deadline stays what it
 // is (and never triggers WithFailOpen).
 func (w *waiter) endedBy(ctx context.Context, err error) bool {
-	return w.mode != tryOnce && (ctx.Err() != nil || !w.c.clock.now().Before(w.b.deadline) && isContextErr(err))
+	return ctx.Err() != nil || !w.c.clock.now().Before(w.b.deadline) && isContextErr(err)
 }
 
 // lockError explains an attempt's error: 53200 is out_of_memory, which from

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 
 	"github.com/txlock/txlock/driver"
 )
@@ -124,10 +125,16 @@ func (r Registry) Create(ctx context.Context, db interface {
 // ks must come from NewKeyspace: a keyspace of KeyspaceID has no name to
 // register (ErrInvalidArgument), and an invalid one returns its own error
 // (ErrInvalidKey).
+//
+// Its statements take no bind parameters, and run in every pgx exec mode
+// behind a transaction-mode pooler, as a token draw does: on a pool or a
+// connection (*sql.DB, *sql.Conn), in a transaction of their own; in a
+// transaction (*sql.Tx), as statements prepared under names of their own,
+// and closed.
 func (r Registry) Register(ctx context.Context, db Querier, ks Keyspace) error {
 	var q driver.Querier
 	if !isNil(db) {
-		q = sqlQuerier{db}
+		q = noArgsQuerier{db}
 	}
 	return r.On(q).Register(ctx, ks)
 }
@@ -140,7 +147,7 @@ func (r Registry) Keyspaces(ctx context.Context, db interface {
 }) ([]Keyspace, error) {
 	var q driver.Querier
 	if !isNil(db) {
-		q = rowsQuerier{db}
+		q = noArgsQuerier{db}
 	}
 	return r.On(q).Keyspaces(ctx)
 }
@@ -177,12 +184,17 @@ func (g Registrar) Register(ctx context.Context, ks Keyspace) error {
 	// one row, whatever a driver does with none. ON CONFLICT waits for a
 	// concurrent insert of the same namespace to commit and then sees it,
 	// so that many instances starting at once all succeed.
+	//
+	// The values are literals, not bind parameters: a statement without
+	// arguments runs in every exec mode behind a transaction-mode pooler
+	// (see Registry.Register).
 	var n int
-	err = g.q.QueryRow(ctx, `WITH ins AS (INSERT INTO `+t+` AS t (namespace, name) VALUES ($1, $2)
+	ns := strconv.Itoa(int(ks.ns))
+	err = g.q.QueryRow(ctx, `WITH ins AS (INSERT INTO `+t+` AS t (namespace, name) VALUES (`+ns+`, `+quoteLiteral(ks.label)+`)
 		ON CONFLICT (namespace) DO UPDATE SET last_registered_at = pg_catalog.now()
 		WHERE t.name OPERATOR(pg_catalog.=) EXCLUDED.name
 		RETURNING true)
-		SELECT pg_catalog.count(*) FROM ins`, []any{ks.ns, ks.label}, &n)
+		SELECT pg_catalog.count(*) FROM ins`, nil, &n)
 	if err != nil {
 		return registryErr(t, "registering keyspace "+fmt.Sprintf("%q", truncate(ks.label)), err)
 	}
@@ -192,7 +204,7 @@ func (g Registrar) Register(ctx context.Context, ks Keyspace) error {
 	// The row of another name was committed before ON CONFLICT returned, so
 	// this statement's snapshot sees it.
 	var owner string
-	err = g.q.QueryRow(ctx, `SELECT name FROM `+t+` WHERE namespace OPERATOR(pg_catalog.=) $1`, []any{ks.ns}, &owner)
+	err = g.q.QueryRow(ctx, `SELECT name FROM `+t+` WHERE namespace OPERATOR(pg_catalog.=) `+ns, nil, &owner)
 	if err != nil {
 		return registryErr(t, "reading the owner of namespace "+fmt.Sprint(ks.ns), err)
 	}
@@ -235,6 +247,26 @@ func (g Registrar) Keyspaces(ctx context.Context) ([]Keyspace, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].label < out[j].label })
 	return out, nil
+}
+
+// noArgsQuerier runs the registry's statements, which take no arguments,
+// on a database/sql handle: see Registry.Register.
+type noArgsQuerier struct{ db any }
+
+func (q noArgsQuerier) QueryRow(ctx context.Context, query string, _ []any, dest ...any) error {
+	switch db := q.db.(type) {
+	case rowQuerier:
+		return queryRow(ctx, db, db, query, dest...)
+	case preparer:
+		return preparedRow(ctx, db, query, dest...)
+	case Querier:
+		return db.QueryRowContext(ctx, query).Scan(dest...)
+	case interface {
+		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	}:
+		return rowsQuerier{db}.QueryRow(ctx, query, nil, dest...)
+	}
+	return fmt.Errorf("%w: %T cannot run a query", ErrInvalidArgument, q.db)
 }
 
 // rowsQuerier is a database/sql QueryContext as a driver.Querier.

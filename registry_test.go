@@ -240,3 +240,44 @@ func freshDatabase(t *testing.T, admin *sql.DB) *sql.DB {
 	})
 	return db
 }
+
+// The registry's statements run in every pgx exec mode behind PgBouncer
+// 1.18 in transaction mode: 16 goroutines on a pool of 32 register 8
+// keyspaces 20 times each, on the pool and in a caller's transaction, so
+// that each client connection meets many server connections (PgBouncer has
+// 5); a clash is still found, and the list read back.
+func TestRegistryInEveryExecMode(t *testing.T) {
+	for _, mode := range []string{"cache_statement", "describe_exec", "cache_describe", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			r := registryIn(t, direct(t))
+			db, _ := bouncer(t, mode)
+			db.SetMaxOpenConns(32)
+			errs := hammer(16, 20, func() error {
+				name := fmt.Sprintf("svc-%d", time.Now().UnixNano()%8)
+				if time.Now().UnixNano()%2 == 0 {
+					return r.Register(ctx, db, txlock.NewKeyspace(name))
+				}
+				tx, err := db.BeginTx(ctx, nil)
+				if err != nil {
+					return err
+				}
+				defer func() { _ = tx.Rollback() }()
+				if err := r.Register(ctx, tx, txlock.NewKeyspace(name)); err != nil {
+					return err
+				}
+				return tx.Commit()
+			})
+			require.Empty(t, errs, "registrations that failed")
+			a, clash := clashingNames(t)
+			require.NoError(t, r.Register(ctx, db, txlock.NewKeyspace(a)))
+			err := r.Register(ctx, db, txlock.NewKeyspace(clash))
+			var ce *txlock.KeyspaceClashError
+			require.ErrorAs(t, err, &ce)
+			assert.Equal(t, a, ce.Owner)
+			ks, err := r.Keyspaces(ctx, db)
+			require.NoError(t, err)
+			assert.Len(t, ks, 9, "the 8 keyspaces and a")
+		})
+	}
+}

@@ -1217,3 +1217,42 @@ func TestFnContext(t *testing.T) {
 	require.NoError(t, db.QueryRow(`SELECT n FROM fnctx WHERE id = 1`).Scan(&n))
 	assert.Equal(t, 101, n)
 }
+
+// A try whose one attempt cannot get a connection before its timeout ends
+// as a wait does (see LockTimeoutError): at WithTimeout or the context's
+// deadline, a timeout, and not context.Canceled; when the context is
+// cancelled, a cancellation. Here the pool's one connection is in use.
+func TestTryTimesOutWaitingForConnection(t *testing.T) {
+	db := direct(t)
+	db.SetMaxOpenConns(1)
+	c, err := db.Conn(context.Background())
+	require.NoError(t, err)
+	defer c.Close()
+	fn := func(context.Context, *sql.Tx) error { t.Error("fn ran"); return nil }
+	var kinds kindRecorder
+
+	ok, err := txlock.TryWithLock(context.Background(), db, txlock.StringKey(uniq(t)), fn, txlock.WithTimeout(200*time.Millisecond), txlock.WithObserver(&kinds))
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.NotErrorIs(t, err, context.Canceled)
+	assert.Equal(t, txlock.TimedOut, kinds.last())
+	// WithFailOpen is WithLock's: a try that times out does not run fn.
+	ok, err = txlock.TryWithLock(context.Background(), db, txlock.StringKey(uniq(t)), fn, txlock.WithTimeout(200*time.Millisecond), txlock.WithFailOpen(nil))
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+
+	dctx, dcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer dcancel()
+	ok, err = txlock.TryWithLock(dctx, db, txlock.StringKey(uniq(t)), fn)
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, ccancel)
+	ok, err = txlock.TryWithLock(cctx, db, txlock.StringKey(uniq(t)), fn, txlock.WithObserver(&kinds))
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.Equal(t, txlock.Canceled, kinds.last())
+}

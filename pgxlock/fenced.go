@@ -19,9 +19,11 @@ type RowQuerier interface {
 //
 //	n, err := ft.On(pgxlock.QuerierOf(tx)).Update(ctx, token, set, where)
 //
-// The write's statement takes arguments, so it runs in q's exec mode: behind
-// PgBouncer 1.18 in transaction mode, one that prepares nothing (exec,
-// simple_protocol), as for the application's own queries. A nil q gives a
+// A fenced write's statement takes arguments, so it runs in q's exec mode:
+// behind PgBouncer 1.18 in transaction mode, one that prepares nothing
+// (exec, simple_protocol), as for the application's own queries. The
+// registry's statements take none, and go with the simple protocol in
+// every mode. A nil q gives a
 // nil Querier, which the writes refuse with txlock.ErrInvalidArgument.
 func QuerierOf(q RowQuerier) driver.Querier {
 	if q == nil {
@@ -36,5 +38,11 @@ func QuerierOf(q RowQuerier) driver.Querier {
 type querier struct{ q RowQuerier }
 
 func (q querier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
+	if len(args) == 0 {
+		// A statement without arguments (the registry's) goes with the
+		// simple protocol, as pgx's Exec sends one: no statement is
+		// prepared, which works in every exec mode behind PgBouncer.
+		args = []any{pgx.QueryExecModeSimpleProtocol}
+	}
 	return q.q.QueryRow(ctx, query, args...).Scan(dest...)
 }

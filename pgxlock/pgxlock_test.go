@@ -938,3 +938,34 @@ func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
 	require.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	assert.ErrorContains(t, err, "single connection")
 }
+
+// A try whose one attempt cannot get a connection before its timeout ends
+// as a wait does (see txlock.LockTimeoutError): at WithTimeout or the
+// context's deadline, a timeout, and not context.Canceled; when the context
+// is cancelled, a cancellation. Here the pool's one connection is in use.
+func TestTryTimesOutWaitingForConnection(t *testing.T) {
+	pool := newPool(t, pgtest.Postgres(t), "", 1)
+	c, err := pool.Acquire(context.Background())
+	require.NoError(t, err)
+	defer c.Release()
+	fn := func(context.Context, pgx.Tx) error { t.Error("fn ran"); return nil }
+
+	ok, err := pgxlock.TryWithLock(context.Background(), pool, txlock.StringKey(uniq(t)), fn, txlock.WithTimeout(200*time.Millisecond))
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.NotErrorIs(t, err, context.Canceled)
+
+	dctx, dcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer dcancel()
+	ok, err = pgxlock.TryWithLock(dctx, pool, txlock.StringKey(uniq(t)), fn)
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, txlock.ErrLockTimeout)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+
+	cctx, ccancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, ccancel)
+	ok, err = pgxlock.TryWithLock(cctx, pool, txlock.StringKey(uniq(t)), fn)
+	assert.False(t, ok)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+}

@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
+	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -17,7 +20,7 @@ import (
 
 // The keyspace registry on pgx (Registry.On with QuerierOf): its table
 // made with DDL's statement, registrations, a clash, and the list, directly
-// and through PgBouncer in exec mode (the statements take arguments).
+// and through PgBouncer (TestRegistryInEveryExecMode runs every exec mode).
 func TestRegistry(t *testing.T) {
 	for _, via := range []struct{ name, url, mode string }{
 		{"direct", pgtest.Postgres(t), ""},
@@ -70,6 +73,51 @@ func TestRegistry(t *testing.T) {
 			_, err = txlock.Registry{}.On(nil).Keyspaces(ctx)
 			assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 			assert.ErrorIs(t, txlock.Registry{}.On(pgxlock.QuerierOf(nil)).Register(ctx, txlock.NewKeyspace("x")), txlock.ErrInvalidArgument)
+		})
+	}
+}
+
+// The registry's statements run in every pgx exec mode behind PgBouncer
+// 1.18 in transaction mode: 16 goroutines on a pool of 32 register 8
+// keyspaces 20 times each, on the pool and in a caller's transaction; a
+// clash is still found, and the list read back.
+func TestRegistryInEveryExecMode(t *testing.T) {
+	for _, mode := range []string{"cache_statement", "describe_exec", "cache_describe", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			ctx := context.Background()
+			_, admin := direct(t)
+			var b [4]byte
+			_, _ = rand.Read(b[:])
+			r := txlock.Registry{Schema: "registry_" + hex.EncodeToString(b[:])}
+			_, err := admin.Exec(`CREATE SCHEMA ` + r.Schema)
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				_, err := admin.Exec(`DROP SCHEMA ` + r.Schema + ` CASCADE`)
+				assert.NoError(t, err)
+			})
+			require.NoError(t, r.Create(ctx, admin))
+			pool := newPool(t, bouncerURL(t), mode, 32)
+			var n atomic.Int64
+			errs := hammer(16, 20, func() error {
+				i := n.Add(1)
+				ks := txlock.NewKeyspace(fmt.Sprintf("svc-%d", i%8))
+				if i%2 == 0 {
+					return r.On(pgxlock.QuerierOf(pool)).Register(ctx, ks)
+				}
+				return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					return r.On(pgxlock.QuerierOf(tx)).Register(ctx, ks)
+				})
+			})
+			require.Empty(t, errs, "registrations that failed")
+			reg := r.On(pgxlock.QuerierOf(pool))
+			a, clash := locktest.ClashingNames(t)
+			require.NoError(t, reg.Register(ctx, txlock.NewKeyspace(a)))
+			var ce *txlock.KeyspaceClashError
+			require.ErrorAs(t, reg.Register(ctx, txlock.NewKeyspace(clash)), &ce)
+			assert.Equal(t, a, ce.Owner)
+			ks, err := reg.Keyspaces(ctx)
+			require.NoError(t, err)
+			assert.Len(t, ks, 9, "the 8 keyspaces and a")
 		})
 	}
 }
