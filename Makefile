@@ -1,24 +1,29 @@
 # The test command CI runs: the dependencies (scripts/deps.sh installs what
-# is missing, or names the command that does), formatting, vet, and the test
-# suites with the race detector against throwaway PostgreSQL and PgBouncer
-# servers; then the root and interop packages again on every other
+# is missing, or names the command that does), formatting, vet, the
+# documentation check (internal/docscheck: the go blocks of README.md,
+# BENCHMARKS.md, RELEASING.md and docs/ compile, their links resolve, and
+# their measured figures come with the command that measured them), and
+# the test suites with the race detector against throwaway PostgreSQL and
+# PgBouncer servers; then the root and interop packages again on every other
 # PostgreSQL version of the version matrix; then the publication check of
 # the modules users install (scripts/release.sh check). Each phase prints
 # its duration when it ends, and the tests run in a shuffled order whose
 # seed go test prints (-test.shuffle N), so that a test that passes only
 # after another shows.
 #
-# The repository holds nine modules, so that what the tests and tools need
+# The repository holds ten modules, so that what the tests and tools need
 # stays out of the library's go.mod: the library at the root, the
 # reliability suite, the benchmark program, pgdocker (a PostgreSQL in a
 # container for the tests), the Prometheus and OpenTelemetry adapters
 # (txlockprom, txlockotel), the example that serves their metrics
 # (examples/observability), interopcheck (which pins interop's keys against
-# golang-migrate's own code) and internal/release (the publication tool,
-# outside go.work). go.work joins the others for local development: they
-# require each other at the release version, which go.work points at the
-# working tree (see RELEASING.md).
-MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability internal/interopcheck
+# golang-migrate's own code), docscheck (the documentation check of make
+# check) and internal/release (the publication tool, outside go.work).
+# Only the library and the adapters are published (scripts/release.sh).
+# go.work joins the others for local development: they require each other
+# at the release version, which go.work points at the working tree (see
+# RELEASING.md).
+MODULES := . reliability cmd/txlock-bench internal/pgtest/pgdocker txlockprom txlockotel examples/observability internal/interopcheck internal/docscheck
 TESTFLAGS := -race -count=1 -shuffle=on
 
 DEPS := scripts/deps.sh
@@ -44,7 +49,7 @@ demo:
 	go run ./examples/inventory
 	go run ./examples/exportpool
 
-test: deps check suites matrix modules
+test: deps download check suites matrix modules
 
 # The benchmark program (BENCHMARKS.md), once scripts/deps.sh has what it
 # needs: PostgreSQL, PgBouncer and redis-server. BENCH_FLAGS are its flags:
@@ -60,7 +65,9 @@ deps:
 check:
 	@$(call timed,check,out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi; \
 		for m in $(MODULES); do echo "go vet ./... in $$m"; (cd $$m && go vet ./...) || exit 1; done; \
-		(cd internal/release && GOWORK=off go vet ./...))
+		(cd internal/release && GOWORK=off go vet ./...) || exit 1; \
+		echo "go run ./internal/docscheck (go blocks compile, links resolve, figures name their command)"; \
+		go run ./internal/docscheck)
 
 # Every module, on the PostgreSQL found as the test harness finds it (named,
 # and passed on in TXLOCK_TEST_PG_BINDIR, with its major version in

@@ -16,25 +16,13 @@
 //		// another holder kept it past the deadline
 //	}
 //
-// A busy lock is not waited for inside the server for long. The attempt's
-// transaction rolls back at once, returning its connection to the pool, and
-// WithLock sleeps (exponential backoff with full jitter by default; see
-// RetryStrategy) before the next attempt. Waiters therefore hold no
-// connection between attempts, which is what lets many of them wait behind
-// a small PgBouncer pool in transaction mode. The one exception is the
-// default strategy's queue head (see "Local queues"): once per call (per
-// round, with serialization retries), a call for one key waits in
-// PostgreSQL's lock queue for up to 200ms instead, which passes the lock
-// between processes in the server's order. Behind PgBouncer that wait
-// holds a server connection: with more processes contending for one key
-// than PgBouncer's pool has connections, their windows can take the whole
-// pool for up to 200ms, and WithRetry(ExponentialBackoff{}), which polls
-// only, is the choice.
-// WithServerWait has every attempt wait in PostgreSQL's lock queue, for a
-// bounded window: fair between processes, at the cost of a connection while
-// it waits (see ServerWait).
-// The wait ends at the earlier of the context's deadline and WithTimeout
-// (DefaultTimeout).
+// A busy attempt rolls back at once, returning its connection to the pool,
+// and the call waits before the next: waiters hold no connection while they
+// sleep, which lets many of them wait behind a small PgBouncer pool. The
+// wait ends at the earlier of the context's deadline and WithTimeout
+// (DefaultTimeout). How a call waits (the local queue, the default
+// strategy's wait in the server, polling, WithServerWait) is told in "How
+// waiting works": https://github.com/txlock/txlock/blob/main/docs/waiting.md
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. Do and TryDo return fn's
@@ -48,29 +36,18 @@
 // # Local queues
 //
 // Goroutines of one process that wait for the same keys on the same db, in
-// the same mode, queue behind each other in FIFO order: only the first makes
-// attempts, so the database sees one waiter per key per process, and when
-// the holder is done the next tries at once instead of sleeping. Waiting in
-// this queue holds no connection, with one bounded exception: when a
-// holder's fn returns on a *sql.DB, the next caller may begin its
-// transaction while the holder's COMMIT runs, so that the lock passes with
-// the round trip of one statement, and gives that connection back if the
-// COMMIT is slow. A caller that gives up passes its turn on. Shared locks,
-// tries and LockTx do not queue. Callers in other processes, and waiters
-// with other key sets, are not ordered by this queue; the server's own
-// queue orders them with WithServerWait, and mostly with the default
-// strategy: the caller whose turn it is, if it locks one key, its pool has
-// an idle connection and its transaction is ReadCommitted, makes one of its
-// attempts a wait in the server's lock queue of up to 200ms, and polls
-// after that. So a process occupies at most one connection per local
-// queue, for at most that window per round of a call, waiting. After a
-// handoff within the process, that window goes at once, when other
-// processes wait in the server or the last handoff outlasted a
-// millisecond (a network between the process and the server): the server
-// then grants it the moment the holder's transaction ends. After such a
-// slow handoff the turn passes earlier still, as soon as the holder's lock
-// is granted, so that the next caller's BEGIN and window go out during the
-// hold.
+// the same mode, queue behind each other in FIFO order, and only the first
+// makes attempts; between processes, the default strategy orders callers
+// mostly in the server's own lock queue. "How waiting works" tells both, and
+// what they cost behind PgBouncer:
+// https://github.com/txlock/txlock/blob/main/docs/waiting.md
+//
+// # Guides
+//
+// The README is the overview: https://github.com/txlock/txlock#readme. Each
+// topic has one guide in docs/: waiting, PgBouncer and pools, pgx and sqlc,
+// keys, fencing, terms, observability, operators (the txlock command),
+// reliability, testing and architecture.
 //
 // # Observing locks
 //

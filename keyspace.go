@@ -204,7 +204,7 @@ func (k Key) Name() string { return k.label }
 
 // String returns a form for logs: the name (cut to at most 64 bytes, never
 // inside a character) if there is one, then the PostgreSQL key, for example
-// `"orders:42" bigint(-8475661283590053117)` or `billing/"inv-7" pair(-1192334052,884541287)`.
+// `"orders:42" bigint(-8476019149258318077)` or `"billing/inv-7" pair(211142636,1963379667)`.
 func (k Key) String() string {
 	var sb strings.Builder
 	if k.label != "" {

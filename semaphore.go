@@ -26,9 +26,13 @@ import (
 
 // WithSemaphore runs fn in a transaction that holds one of n slots of key:
 // at most n calls with the same key and n, across every process and
-// session, run their fn at once. It is WithLock otherwise: the same wait,
-// local queue, options, events, errors, hold bound, fencing tokens and
-// commit rules. n must be between 1 and MaxKeys.
+// session, run their fn at once. Callers that give different n for the
+// same key share the slots they have in common (slot i is SlotKey(key, i),
+// and a caller with n takes only slots 0 to n-1): at most the largest n
+// of them run at once, and at most m of those that give n = m. It is
+// WithLock otherwise (options, events, errors, hold bound, fencing tokens
+// and commit rules), except for how it waits, below. n must be between 1
+// and MaxKeys.
 //
 // Which slot the call holds is chosen by the server: the first free one
 // from a slot chosen at random, so that callers spread over the slots and

@@ -40,10 +40,19 @@
 // WithLocks alone, txlock_hold_seconds_count equals
 // txlock_acquisitions_total once the calls have returned. Each round of a
 // serialization retry is an acquisition of its own.
+//
+// The module holds a Grafana dashboard of these metrics,
+// grafana-dashboard.json, which Dashboard returns: waits by outcome, wait
+// and hold times (p50, p99), timeouts, lost terms, serialization retries,
+// busy attempts, the rarer events and the hottest keyspaces. Import it in
+// Grafana (Dashboards > New > Import) and pick the Prometheus that scrapes
+// the service in its datasource menu; its keyspace menu filters every
+// panel.
 package txlockprom
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"math"
@@ -53,6 +62,16 @@ import (
 
 	"github.com/txlock/txlock"
 )
+
+//go:embed grafana-dashboard.json
+var dashboard []byte
+
+// Dashboard returns the Grafana dashboard of these metrics, the JSON of the
+// module's grafana-dashboard.json, for a program that provisions Grafana or
+// serves the file. Its panels query the Prometheus data source of its
+// variable datasource, and filter by its variable keyspace. Each call
+// returns a copy of its own, which the caller may change.
+func Dashboard() []byte { return slices.Clone(dashboard) }
 
 // Label values of keyspace that are not a keyspace's name.
 const (

@@ -25,6 +25,8 @@
 // DATABASE_URL), passes the children the connection string in their
 // DATABASE_URL, and stops everything on Ctrl-C. It starts by dropping and
 // recreating its table, cron_runs.
+//
+// The part to copy is job.go (tryJob); the rest is the demo.
 package main
 
 import (
@@ -44,14 +46,10 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/examples/internal/exampledb"
 )
 
 func main() { exampledb.Main("cron", run) }
-
-// jobKey is the job's lock: one key for every run of it.
-var jobKey = txlock.StringKey("examples/cron:report")
 
 // ready is what a child prints once it is connected; the parent then sends
 // it the time of the first tick.
@@ -340,47 +338,28 @@ func runChild(ctx context.Context, stdin io.Reader, stdout io.Writer, cfg config
 		}
 		// The job must end within its tick: the next tick's tries would
 		// find it busy, and skip.
-		outcome, err := tryJob(ctx, db, pid, tick, cfg.hold, cfg.tick)
+		locked, ranBy, err := tryJob(ctx, db, tick, pid, cfg.tick, func(ctx context.Context) error {
+			// The job's work: here, holding the lock for -hold.
+			select {
+			case <-time.After(cfg.hold):
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		})
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if err != nil {
+		outcome := "ran"
+		switch {
+		case err != nil:
 			return fmt.Errorf("pid %d tick %d: %w", pid, tick, err)
+		case !locked:
+			outcome = "skipped: busy"
+		case ranBy != 0:
+			outcome = fmt.Sprintf("skipped: already ran (by pid %d)", ranBy)
 		}
 		fmt.Fprintf(stdout, "pid %d tick %d: %s\n", pid, tick, outcome)
 	}
 	return nil
-}
-
-// tryJob tries the job once for tick, and says what happened.
-func tryJob(ctx context.Context, db *sql.DB, pid, tick int, hold, maxHold time.Duration) (string, error) {
-	ranBy := 0
-	ran, err := txlock.TryWithLock(ctx, db, jobKey, func(ctx context.Context, tx *sql.Tx) error {
-		// A copy that comes late, after this tick's run has committed and
-		// released the lock, must not run it again.
-		err := tx.QueryRowContext(ctx, `SELECT pid FROM cron_runs WHERE tick = $1`, tick).Scan(&ranBy)
-		if err == nil || !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO cron_runs (tick, pid) VALUES ($1, $2)`, tick, pid); err != nil {
-			return err
-		}
-		// The job's work, holding the lock for a while.
-		select {
-		case <-time.After(hold):
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}, txlock.WithMaxHold(maxHold))
-	switch {
-	case err != nil:
-		return "", err
-	case !ran:
-		return "skipped: busy", nil
-	case ranBy != 0:
-		return fmt.Sprintf("skipped: already ran (by pid %d)", ranBy), nil
-	default:
-		return "ran", nil
-	}
 }

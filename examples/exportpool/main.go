@@ -24,6 +24,8 @@
 // Without DATABASE_URL it starts a throwaway PostgreSQL from the installed
 // server binaries, and removes it when it ends (on Ctrl-C too). It drops
 // and recreates its table, exportpool_runs, and leaves it to be looked at.
+//
+// The part to copy is export.go (runJob, export); the rest is the demo.
 package main
 
 import (
@@ -43,10 +45,6 @@ import (
 )
 
 func main() { exampledb.Main("exportpool", run) }
-
-// exportKey is the fleet's semaphore: its slots are the exports allowed to
-// run at once.
-var exportKey = txlock.StringKey("orders-export")
 
 type config struct {
 	replicas, workers, jobs, slots int
@@ -147,7 +145,7 @@ func runJobs(ctx context.Context, stdout io.Writer, url string, db *sql.DB, cfg 
 		for range cfg.workers {
 			wg.Go(func() {
 				for job := range jobs {
-					if err := runJob(ctx, rdb, key, cfg, r, job); err != nil {
+					if err := runJob(ctx, rdb, key, cfg.slots, cfg.work, r, job); err != nil {
 						cancel(fmt.Errorf("replica-%d job-%d: %w", r, job, err))
 						return
 					}
@@ -168,39 +166,6 @@ func runJobs(ctx context.Context, stdout io.Writer, url string, db *sql.DB, cfg 
 	}
 	<-done
 	return context.Cause(ctx)
-}
-
-// runJob runs one export on a replica's pool, in a slot of key.
-func runJob(ctx context.Context, db *sql.DB, key txlock.Key, cfg config, replica, job int) error {
-	return txlock.WithSemaphore(ctx, db, key, cfg.slots, func(ctx context.Context, tx *sql.Tx) error {
-		lock, _ := txlock.LockFromContext(ctx)
-		return export(ctx, tx, cfg.work, replica, job, lock.Slot)
-	}, txlock.WithOwner(fmt.Sprintf("export replica-%d job-%d", replica, job)),
-		// Jobs queue for a slot for as long as the run lasts, longer than
-		// txlock.DefaultTimeout.
-		txlock.WithTimeout(time.Minute))
-}
-
-// export is the job itself, in the transaction that holds its slot. Its
-// start and end are taken inside that transaction, so they lie within the
-// slot's hold: if more jobs ran than there are slots, their recorded times
-// would overlap. They are clock_timestamp(): now() is the transaction's
-// start, and the replicas' own clocks are not one clock.
-func export(ctx context.Context, tx *sql.Tx, work time.Duration, replica, job, slot int) error {
-	if _, err := tx.ExecContext(ctx, `INSERT INTO exportpool_runs (job, replica, slot, started_at)
-		VALUES ($1, $2, $3, clock_timestamp())`, job, replica, slot); err != nil {
-		return fmt.Errorf("recording the start: %w", err)
-	}
-	// The export's work: in real life a long query, written out somewhere.
-	select {
-	case <-time.After(work):
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE exportpool_runs SET ended_at = clock_timestamp() WHERE job = $1`, job); err != nil {
-		return fmt.Errorf("recording the end: %w", err)
-	}
-	return nil
 }
 
 // snapshot prints, once while the jobs run, who holds the fleet's slots, as

@@ -30,6 +30,9 @@
 //
 // It ends with a summary table, and exits non-zero if a locked phase
 // oversold or the fence let the stale write through.
+//
+// The part to copy is sell.go (sellLocked) and fence.go (sellFenced); the
+// rest is the demo.
 package main
 
 import (
@@ -39,7 +42,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,18 +56,11 @@ import (
 
 const (
 	sku = "SKU-1001"
-	// thinkTime is the pause between a sale's read and its write. It is
-	// what opens the race in phase 1; the locked phases pause just as long.
-	thinkTime = 2 * time.Millisecond
-	// holdBound is the fencing phase's WithMaxHold, and stallTime how long
-	// its stalled worker sleeps while holding the lock: long enough past
-	// the bound for the other workers to take the lock and write.
-	holdBound = time.Second
+	// stallTime is how long the fencing phase's stalled worker sleeps while
+	// holding the lock: long enough past its hold bound, holdBound, for the
+	// other workers to take the lock and write.
 	stallTime = holdBound + 1500*time.Millisecond
 )
-
-// errSoldOut is a sale's "nothing left to sell": the worker stops.
-var errSoldOut = errors.New("sold out")
 
 func main() { exampledb.Main("inventory", run) }
 
@@ -142,7 +137,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 			return err
 		}
 		defer tx.Rollback()
-		if err := sale(ctx, tx, phase, worker); err != nil {
+		if _, err := sale(ctx, tx, sku, phase, worker); err != nil {
 			return err
 		}
 		return tx.Commit()
@@ -155,10 +150,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 	// Phase 2: inside txlock.WithLock.
 	locked := func(db *sql.DB) saleFunc {
 		return func(ctx context.Context, phase string, worker int, waits *waitLog) error {
-			return txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-				waits.add(ctx)
-				return sale(ctx, tx, phase, worker)
-			})
+			waited, err := sellLocked(ctx, db, key, sku, phase, worker)
+			waits.add(waited, err)
+			return err
 		}
 	}
 	r, err = sellPhase(ctx, out, db, cfg, "2 txlock.WithLock", true, locked(db))
@@ -244,74 +238,6 @@ func createTables(ctx context.Context, db *sql.DB) error {
 		return fmt.Errorf("creating the fencing sequence: %w", err)
 	}
 	return nil
-}
-
-// sale sells one unit in tx: it reads the quantity, pauses, writes back the
-// quantity it read minus one, and records the sale. It returns errSoldOut,
-// having written nothing, if it read no stock.
-//
-// Without a lock two sales can read the same quantity, and the second
-// write overwrites the first's decrement. (SELECT … FOR UPDATE would close
-// this one race too; a lock also covers what a row lock cannot: decisions
-// that span rows or tables, and writes that leave the database.)
-func sale(ctx context.Context, tx *sql.Tx, phase string, worker int) error {
-	var qty int
-	if err := tx.QueryRowContext(ctx, `SELECT qty FROM txlock_example_stock WHERE sku = $1`, sku).Scan(&qty); err != nil {
-		return fmt.Errorf("reading the stock: %w", err)
-	}
-	if qty <= 0 {
-		return errSoldOut
-	}
-	if err := sleep(ctx, thinkTime); err != nil {
-		return err
-	}
-	return record(ctx, tx, phase, worker, qty-1)
-}
-
-// record writes qty as the quantity left and records one sale.
-func record(ctx context.Context, tx *sql.Tx, phase string, worker, qty int) error {
-	if _, err := tx.ExecContext(ctx, `UPDATE txlock_example_stock SET qty = $1 WHERE sku = $2`, qty, sku); err != nil {
-		return fmt.Errorf("writing the stock: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO txlock_example_sales (phase, worker) VALUES ($1, $2)`, phase, worker); err != nil {
-		return fmt.Errorf("recording the sale: %w", err)
-	}
-	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// waitLog collects the lock waits of a phase.
-type waitLog struct {
-	mu    sync.Mutex
-	waits []time.Duration
-}
-
-// add records the wait of the lock that fn's ctx holds.
-func (l *waitLog) add(ctx context.Context) time.Duration {
-	lock, ok := txlock.LockFromContext(ctx)
-	if !ok {
-		return 0
-	}
-	l.mu.Lock()
-	l.waits = append(l.waits, lock.Waited)
-	l.mu.Unlock()
-	return lock.Waited
-}
-
-func (l *waitLog) all() []time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return slices.Clone(l.waits)
 }
 
 // saleFunc makes one sale for worker in phase.
@@ -408,13 +334,6 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 		ON CONFLICT (sku) DO UPDATE SET qty = EXCLUDED.qty, writer = 0, fence_token = 0`, sku, cfg.stock); err != nil {
 		return result{}, fmt.Errorf("resetting the mirror: %w", err)
 	}
-	mirrorTable := txlock.FencedTable{Name: "txlock_example_mirror"}
-	writeMirror := func(ctx context.Context, token int64, worker, qty int) error {
-		_, err := mirrorTable.Update(ctx, mirror, token,
-			[]txlock.Col{{Name: "qty", Value: qty}, {Name: "writer", Value: worker}},
-			[]txlock.Col{{Name: "sku", Value: sku}})
-		return err
-	}
 	out.Printf("\nphase %s, each sale also writing the quantity left to txlock_example_mirror through another pool, with a fencing token; WithMaxHold(%v)\n", title(name), holdBound)
 
 	var waits waitLog
@@ -426,7 +345,8 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 	})
 	defer stop()
 
-	// Worker 1 stalls while it holds the lock.
+	// Worker 1 takes the lock as sellFenced does, and stalls while it holds
+	// it.
 	acquired := make(chan struct{}) // worker 1 holds the lock
 	woke := make(chan struct{})     // worker 1 is done
 	var stalledToken int64
@@ -437,7 +357,8 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 		var once sync.Once
 		defer once.Do(func() { close(acquired) })
 		stalledErr = txlock.WithLock(ctx, db, key, func(fctx context.Context, tx *sql.Tx) error {
-			waits.add(fctx)
+			lock, _ := txlock.LockFromContext(fctx)
+			waits.add(lock.Waited, nil)
 			token, err := txlock.FenceToken(fctx)
 			if err != nil {
 				return err
@@ -454,8 +375,10 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 			// on Ctrl-C. Meanwhile the hold bound passes: txlock rolls the
 			// transaction back, and the server ends the session
 			// (idle_in_transaction_session_timeout), so the lock is free.
-			if err := sleep(ctx, stallTime); err != nil {
-				return err
+			select {
+			case <-time.After(stallTime):
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 			// The late write. A write to another system need not be bound
 			// to fn's context (a request with a context of its own, one
@@ -465,11 +388,13 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 			wctx, stopW := context.WithTimeout(context.WithoutCancel(fctx), 10*time.Second)
 			defer stopW()
 			out.Printf("  worker 1 wakes up after %v and writes %d to the mirror with token %d\n", stallTime, qty-1, token)
-			if err := writeMirror(wctx, token, 1, qty-1); err != nil {
+			if _, err := mirrorTable.Update(wctx, mirror, token,
+				[]txlock.Col{{Name: "qty", Value: qty - 1}, {Name: "writer", Value: 1}},
+				[]txlock.Col{{Name: "sku", Value: sku}}); err != nil {
 				return err
 			}
 			lateWriteLanded = true
-			return record(fctx, tx, name, 1, qty-1)
+			return record(fctx, tx, sku, name, 1, qty-1)
 		}, txlock.WithMaxHold(holdBound), txlock.WithFencing())
 	}()
 	select {
@@ -488,37 +413,8 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 	for w := 2; w <= cfg.workers; w++ {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				err := txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
-					waited := waits.add(ctx)
-					token, err := txlock.FenceToken(ctx)
-					if err != nil {
-						return err
-					}
-					var qty int
-					if err := tx.QueryRowContext(ctx, `SELECT qty FROM txlock_example_stock WHERE sku = $1`, sku).Scan(&qty); err != nil {
-						return fmt.Errorf("reading the stock: %w", err)
-					}
-					if qty <= 0 {
-						return errSoldOut
-					}
-					if err := sleep(ctx, thinkTime); err != nil {
-						return err
-					}
-					if err := writeMirror(ctx, token, w, qty-1); err != nil {
-						return err
-					}
-					first.Do(func() {
-						out.Printf("  worker %d took the lock after waiting %v, with token %d, and wrote %d to the mirror\n",
-							w, fmtDur(waited), token, qty-1)
-					})
-					if err := record(ctx, tx, name, w, qty-1); err != nil {
-						return err
-					}
-					mu.Lock()
-					lastToken, lastWriter, lastQty = token, w, qty-1
-					mu.Unlock()
-					return nil
-				}, txlock.WithMaxHold(holdBound), txlock.WithFencing())
+				token, left, waited, err := sellFenced(ctx, db, mirror, key, sku, name, w)
+				waits.add(waited, err)
 				switch {
 				case errors.Is(err, errSoldOut):
 					// Sold out: wait for worker 1 before the phase ends.
@@ -532,6 +428,17 @@ func fencingPhase(ctx context.Context, out *progress.Printer, db, mirror *sql.DB
 					return
 				}
 				sold.Add(1)
+				first.Do(func() {
+					out.Printf("  worker %d took the lock after waiting %v, with token %d, and wrote %d to the mirror\n",
+						w, fmtDur(waited), token, left)
+				})
+				// The holders' sales are in the order of their tokens; their
+				// returns need not be.
+				mu.Lock()
+				if token > lastToken {
+					lastToken, lastWriter, lastQty = token, w, left
+				}
+				mu.Unlock()
 			}
 		})
 	}

@@ -1,16 +1,18 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 )
 
 // What the demo prints: each phase's result, the summary table, and the
-// percentiles of the waits.
+// percentiles of the lock waits it collects.
 
 // result is one phase's row of the summary.
 type result struct {
@@ -23,6 +25,29 @@ type result struct {
 	waits    []time.Duration // lock waits, from txlock.LockFromContext
 	stale    int             // stale writes the fence refused
 	fenced   bool            // the phase counts stale writes
+}
+
+// waitLog collects the lock waits of a phase.
+type waitLog struct {
+	mu    sync.Mutex
+	waits []time.Duration
+}
+
+// add records the lock wait of a sale that ended with err, if it got the
+// lock: its error is nil or errSoldOut. (Any other error ends the phase.)
+func (l *waitLog) add(waited time.Duration, err error) {
+	if err != nil && !errors.Is(err, errSoldOut) {
+		return
+	}
+	l.mu.Lock()
+	l.waits = append(l.waits, waited)
+	l.mu.Unlock()
+}
+
+func (l *waitLog) all() []time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.waits)
 }
 
 // title is a phase's name as its heading shows it: "1: no lock".

@@ -38,6 +38,8 @@
 // DATABASE_URL, and stops everything on Ctrl-C. It starts by dropping and
 // recreating its table, leader_state, and creates the fencing sequence if
 // it does not exist.
+//
+// The part to copy is lead.go (lead); the rest is the demo.
 package main
 
 import (
@@ -63,12 +65,6 @@ import (
 )
 
 func main() { exampledb.Main("leader", run) }
-
-// leaderKey is the election's lock: one key for the whole service.
-var leaderKey = txlock.StringKey("examples/leader:scheduler")
-
-// state is the shared state the leader writes, fenced.
-var state = txlock.FencedTable{Name: "leader_state"}
 
 type config struct {
 	copies int
@@ -121,41 +117,8 @@ func runChild(ctx context.Context, stdout io.Writer, cfg config) error {
 	say := func(format string, args ...any) {
 		fmt.Fprintf(stdout, "pid %d: "+format+"\n", append([]any{pid}, args...)...)
 	}
-	// A heartbeat every fifth of the TTL, each allowed until the term's
-	// local expiry (a Timeout of the TTL): a slow one on a loaded machine
-	// does not end a healthy term; only the TTL passing without a
-	// successful heartbeat does.
-	beat := txlock.WithHeartbeat(txlock.Heartbeat{Interval: cfg.ttl / 5, Timeout: cfg.ttl, TTL: cfg.ttl})
 	for ctx.Err() == nil {
-		campaign := time.Now()
-		var token int64
-		err := txlock.Lead(ctx, db, leaderKey, func(termCtx context.Context, term *txlock.Term) error {
-			token = term.Token()
-			say("won the term with token %d, after campaigning for %v", token, time.Since(campaign).Round(time.Millisecond))
-			for step := 0; ; step++ {
-				// One step of work, which does not look at termCtx, then
-				// its result, written outside the term's transaction with
-				// the term's token. The write's context is the process's:
-				// the write is not tied to the term, which is why it is
-				// fenced.
-				time.Sleep(cfg.work)
-				_, err := state.Update(ctx, db, token, []txlock.Col{{Name: "leader_pid", Value: pid}, {Name: "step", Value: step}},
-					[]txlock.Col{{Name: "id", Value: 1}})
-				if errors.Is(err, txlock.ErrStaleToken) {
-					say("write with token %d refused: %v", token, err)
-					return err
-				}
-				if err != nil {
-					return err
-				}
-				if step == 0 {
-					say("writing leader_state every %v with token %d", cfg.work, token)
-				}
-				if termCtx.Err() != nil {
-					return context.Cause(termCtx)
-				}
-			}
-		}, beat)
+		token, err := lead(ctx, db, pid, cfg.ttl, cfg.work, say)
 		switch {
 		case errors.Is(err, txlock.ErrLockLost):
 			say("lost the term with token %d: %v", token, lostErr(err))

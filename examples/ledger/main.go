@@ -30,6 +30,8 @@
 // It starts by dropping and recreating its tables, ledger_accounts and
 // ledger_transfers, and ledger_balances in the reports; run one at a time
 // per database.
+//
+// The part to copy is transfer.go (transfer); the rest is the demo.
 package main
 
 import (
@@ -52,13 +54,6 @@ import (
 )
 
 func main() { exampledb.Main("ledger", run) }
-
-// accountKeys gives each account its lock: ID(n) is the pair key
-// (the keyspace's hash of "ledger", n).
-var accountKeys = txlock.NewKeyspace("ledger")
-
-// errNoFunds refuses a transfer larger than the balance it draws on.
-var errNoFunds = errors.New("insufficient funds")
 
 // reportsName is the database (throwaway server) or schema (DATABASE_URL)
 // the reports live in.
@@ -253,7 +248,7 @@ func transfers(ctx context.Context, db *sql.DB, reports reportsDB, cfg config) (
 					to++
 				}
 				amount := 1 + rand.Int64N(cfg.opening/2+1)
-				err := transfer(ctx, db, reports, from, to, amount)
+				err := transfer(ctx, db, reports.db, reports.table, from, to, amount)
 				switch {
 				case err == nil && from < to:
 					st.up.Add(1)
@@ -275,57 +270,6 @@ func transfers(ctx context.Context, db *sql.DB, reports reportsDB, cfg config) (
 	}
 	wg.Wait()
 	return stats{st.up.Load(), st.down.Load(), st.noFunds.Load(), st.timedOut.Load()}, firstErr
-}
-
-// transfer moves amount from one account to another. The keys are given in
-// the transfer's own direction, so half the transfers name a pair in one
-// order and half in the other: WithLocks takes them all or nothing.
-func transfer(ctx context.Context, db *sql.DB, reports reportsDB, from, to int, amount int64) error {
-	keys := []txlock.Key{accountKeys.ID(int32(from)), accountKeys.ID(int32(to))}
-	return txlock.WithLocks(ctx, db, keys, func(ctx context.Context, tx *sql.Tx) error {
-		// A read-modify-write in Go, on purpose: only the lock keeps two
-		// transfers on one account from losing one of their updates.
-		var fromBal, toBal int64
-		if err := tx.QueryRowContext(ctx, `SELECT (SELECT balance FROM ledger_accounts WHERE id = $1),
-			(SELECT balance FROM ledger_accounts WHERE id = $2)`, from, to).Scan(&fromBal, &toBal); err != nil {
-			return err
-		}
-		if fromBal < amount {
-			return errNoFunds
-		}
-		fromBal, toBal = fromBal-amount, toBal+amount
-
-		// The token is drawn once, durably, and is larger than that of
-		// every earlier holder of either account.
-		token, err := txlock.FenceToken(ctx)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE ledger_accounts SET balance = CASE id WHEN $1 THEN $2::bigint ELSE $4::bigint END
-			WHERE id IN ($1, $3)`, from, fromBal, to, toBal); err != nil {
-			return err
-		}
-		var id int64
-		if err := tx.QueryRowContext(ctx, `INSERT INTO ledger_transfers (from_id, to_id, amount, fence_token)
-			VALUES ($1, $2, $3, $4) RETURNING id`, from, to, amount, token).Scan(&id); err != nil {
-			return err
-		}
-
-		// The reports database: each write commits at once, on its own.
-		// A holder that lost its lock and wrote after a newer holder would
-		// get *txlock.StaleTokenError here instead of overwriting.
-		for _, acct := range []struct {
-			id  int
-			bal int64
-		}{{from, fromBal}, {to, toBal}} {
-			if _, err := reports.table.Update(ctx, reports.db, token,
-				[]txlock.Col{{Name: "balance", Value: acct.bal}, {Name: "transfer_id", Value: id}},
-				[]txlock.Col{{Name: "account", Value: acct.id}}); err != nil {
-				return err
-			}
-		}
-		return nil
-	}, txlock.WithTimeout(10*time.Second), txlock.WithMaxHold(5*time.Second), txlock.WithFencing())
 }
 
 // verify checks the ledger and the reports, printing one line per check.

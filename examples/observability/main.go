@@ -12,6 +12,7 @@
 // impatient caller gives up on it after 100ms: one timeout. The workload
 // counts its acquisitions and timeouts from what the calls return, and
 // prints them next to the metrics, which count them from the lock events.
+// Last it says how to load txlockprom's Grafana dashboard of these metrics.
 //
 // It is a module of its own (examples/observability/go.mod), so that the
 // txlock module does not depend on the Prometheus client; the repository's
@@ -133,6 +134,8 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 	for _, l := range lines {
 		fmt.Fprintln(w, "  "+l)
 	}
+	fmt.Fprintf(w, "Grafana: import %s (Dashboards > New > Import), datasource: your Prometheus\n", dashboardPath)
+	fmt.Fprintf(w, "  scraping %s (-linger keeps it up); in code, the same JSON is txlockprom.Dashboard()\n", url)
 	if s.linger > 0 {
 		fmt.Fprintf(w, "serving %s for %v more (interrupt to stop)\n", url, s.linger)
 		select {
@@ -142,6 +145,10 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 	}
 	return nil
 }
+
+// dashboardPath is txlockprom's Grafana dashboard, from the root of the
+// repository, where the program runs from.
+const dashboardPath = "txlockprom/grafana-dashboard.json"
 
 type result struct {
 	orders, billing, timeouts int64

@@ -22,6 +22,7 @@ import (
 
 	"github.com/txlock/txlock/examples/internal/exampletest"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/txlockprom"
 )
 
 func TestMain(m *testing.M) { os.Exit(exampletest.Main(m)) }
@@ -29,6 +30,8 @@ func TestMain(m *testing.M) { os.Exit(exampletest.Main(m)) }
 var (
 	urlLine  = regexp.MustCompile(`(?m)^serving metrics on (http://127\.0\.0\.1:(\d+)/metrics)$`)
 	doneLine = regexp.MustCompile(`(?m)^workload done in \S+: acquisitions (\d+) \(orders (\d+), billing (\d+)\), timeouts (\d+)$`)
+	// grafanaLines say how to load txlockprom's dashboard.
+	grafanaLines = regexp.MustCompile(`(?m)^Grafana: import (\S+) \(Dashboards > New > Import\), datasource: your Prometheus\n  scraping (\S+) \(-linger keeps it up\); in code, the same JSON is txlockprom\.Dashboard\(\)$`)
 	// lingerLine comes after the lines the program printed from its own
 	// scrape.
 	lingerLine = regexp.MustCompile(`^serving \S+ for \S+ more \(interrupt to stop\)$`)
@@ -39,8 +42,9 @@ var (
 // done, the test scrapes its /metrics itself and checks the histograms'
 // counts and the counters against the acquisitions and timeouts the
 // workload counted from what its calls returned, and against the number of
-// calls the flags ask for; then it interrupts the program, which must exit
-// 0 and leave nothing listening.
+// calls the flags ask for, and that the Grafana dashboard it names is
+// txlockprom's; then it interrupts the program, which must exit 0 and
+// leave nothing listening.
 func TestObservability(t *testing.T) {
 	bin := exampletest.Build(t)
 	const workers, calls = 6, 20
@@ -173,6 +177,17 @@ func runAndScrape(t *testing.T, bin, databaseURL string, workerCalls int, args .
 		}
 	}
 
+	// The dashboard it names is txlockprom's, and the Prometheus it asks
+	// for scrapes the program's endpoint.
+	if g := grafanaLines.FindStringSubmatch(out.String()); g == nil {
+		t.Errorf("the program did not say how to load the Grafana dashboard")
+	} else {
+		checkDashboard(t, g[1])
+		if g[2] != u[1] {
+			t.Errorf("the program says Prometheus scrapes %s; it serves its metrics on %s", g[2], u[1])
+		}
+	}
+
 	// It serves until interrupted, then exits 0 and stops serving.
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
@@ -185,6 +200,20 @@ func runAndScrape(t *testing.T, bin, databaseURL string, workerCalls int, args .
 		t.Errorf("something still listens on port %s, where the program served its metrics", u[2])
 	}
 	return out.String()
+}
+
+// checkDashboard checks that path, from the repository's root, is the
+// dashboard txlockprom.Dashboard returns.
+func checkDashboard(t *testing.T, path string) {
+	t.Helper()
+	got, err := os.ReadFile(filepath.Join("..", "..", filepath.FromSlash(path)))
+	if err != nil {
+		t.Errorf("the program names the dashboard %s: %v", path, err)
+		return
+	}
+	if !bytes.Equal(got, txlockprom.Dashboard()) {
+		t.Errorf("the program names the dashboard %s, which is not txlockprom.Dashboard()", path)
+	}
 }
 
 func lastLine(s string) string {

@@ -28,6 +28,8 @@
 // failed. A PgBouncer that supports prepared statements (1.21 and later,
 // with max_prepared_statements set) passes the first round too, and the
 // program says so.
+//
+// The part to copy is sale.go (openDB, sell); the rest is the demo.
 package main
 
 import (
@@ -45,7 +47,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/examples/internal/exampledb"
@@ -55,19 +56,12 @@ import (
 // skus are the products for sale, each with a lock of its own.
 var skus = [...]string{"SKU-1001", "SKU-1002", "SKU-1003", "SKU-1004"}
 
-const (
-	// thinkTime is the pause between a sale's read and its write.
-	thinkTime = 2 * time.Millisecond
-	// maxFailures is how many failed sales a run of the service takes
-	// before it gives up.
-	maxFailures = 200
-)
+// maxFailures is how many failed sales a run of the service takes before it
+// gives up.
+const maxFailures = 200
 
-var (
-	errSoldOut = errors.New("sold out")
-	// errNoBouncer: there is a database, but no PgBouncer in front of it.
-	errNoBouncer = errors.New("no PgBouncer")
-)
+// errNoBouncer: there is a database, but no PgBouncer in front of it.
+var errNoBouncer = errors.New("no PgBouncer")
 
 func main() { exampledb.Main("pgbouncer", run) }
 
@@ -222,17 +216,6 @@ func modeName(mode pgx.QueryExecMode) string {
 	return mode.String()
 }
 
-// openDB opens a database/sql pool on url with pgx, in query exec mode mode
-// whatever the URL says.
-func openDB(url string, mode pgx.QueryExecMode) (*sql.DB, error) {
-	cc, err := pgx.ParseConfig(url)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the connection string: %w", err)
-	}
-	cc.DefaultQueryExecMode = mode
-	return stdlib.OpenDB(*cc), nil
-}
-
 type roundResult struct {
 	mode                         pgx.QueryExecMode
 	sold, left, oversold, failed int
@@ -334,7 +317,6 @@ func sellInstance(ctx context.Context, out *progress.Printer, bouncerURL string,
 	defer db.Close()
 	db.SetMaxIdleConns(cfg.workers + 2)
 	round := modeName(mode)
-	keyspace := txlock.NewKeyspace("pgbouncer-example")
 	var mu sync.Mutex // guards r
 	seen := map[string]bool{}
 	var failed atomic.Int64
@@ -363,9 +345,7 @@ func sellInstance(ctx context.Context, out *progress.Printer, bouncerURL string,
 				if i < 0 {
 					return
 				}
-				err := txlock.WithLock(ctx, db, keyspace.Key(skus[i]), func(ctx context.Context, tx *sql.Tx) error {
-					return sale(ctx, tx, round, skus[i], w)
-				})
+				err := sell(ctx, db, round, skus[i], w)
 				switch {
 				case err == nil:
 					sold.Add(1)
@@ -404,33 +384,6 @@ func sellInstance(ctx context.Context, out *progress.Printer, bouncerURL string,
 	}
 	if n := failed.Load(); n >= maxFailures {
 		out.Printf("  this run gave up after %d failed sales\n", n)
-	}
-	return nil
-}
-
-// sale sells one unit in tx: it reads the quantity, pauses, writes back the
-// quantity it read minus one, and records the sale; errSoldOut if there is
-// no stock. Its queries take parameters, as an application's do.
-func sale(ctx context.Context, tx *sql.Tx, round, sku string, worker int) error {
-	var qty int
-	if err := tx.QueryRowContext(ctx, `SELECT qty FROM txlock_example_pgb_stock WHERE sku = $1`, sku).Scan(&qty); err != nil {
-		return fmt.Errorf("reading the stock: %w", err)
-	}
-	if qty <= 0 {
-		return errSoldOut
-	}
-	t := time.NewTimer(thinkTime)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	if _, err := tx.ExecContext(ctx, `UPDATE txlock_example_pgb_stock SET qty = $1 WHERE sku = $2`, qty-1, sku); err != nil {
-		return fmt.Errorf("writing the stock: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, `INSERT INTO txlock_example_pgb_sales (round, sku, worker) VALUES ($1, $2, $3)`, round, sku, worker); err != nil {
-		return fmt.Errorf("recording the sale: %w", err)
 	}
 	return nil
 }

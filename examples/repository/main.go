@@ -22,6 +22,9 @@
 // as counted by the program and as journaled; it exits non-zero otherwise.
 // It starts by dropping and recreating its tables, repo_accounts and
 // repo_entries.
+//
+// The part to copy is wallets.go (Wallets) and sqlxwallets.go
+// (SqlxWallets), over queries.go; the rest is the demo.
 package main
 
 import (
@@ -33,93 +36,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"sync"
-	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/examples/internal/exampledb"
-	"github.com/txlock/txlock/sqlxlock"
 )
 
 func main() { exampledb.Main("repository", run) }
-
-// walletKeys gives each account its lock, whichever service takes it.
-var walletKeys = txlock.NewKeyspace("wallets")
-
-// lockTimeout bounds every lock wait of the example.
-const lockTimeout = 30 * time.Second
-
-// Wallets is a service over the sqlc-style repository.
-type Wallets struct {
-	db *sql.DB
-	q  *Queries
-}
-
-// Deposit adds amount to account id: the lock, then the repository's read
-// and writes in the lock's own transaction, committed with it.
-func (w *Wallets) Deposit(ctx context.Context, id string, amount int64) error {
-	return txlock.WithLock(ctx, w.db, walletKeys.Key(id), func(ctx context.Context, tx *sql.Tx) error {
-		return deposit(ctx, w.q.WithTx(tx), id, amount, "WithLock")
-	}, txlock.WithTimeout(lockTimeout))
-}
-
-// DepositTx is Deposit inside the caller's transaction tx. The lock lasts
-// until the caller commits or rolls back tx. LockTx holds tx's connection
-// while it waits; prefer Deposit where the lock can come first.
-func (w *Wallets) DepositTx(ctx context.Context, tx *sql.Tx, id string, amount int64) error {
-	if err := txlock.LockTx(ctx, tx, walletKeys.Key(id), txlock.WithTimeout(lockTimeout)); err != nil {
-		return err
-	}
-	return deposit(ctx, w.q.WithTx(tx), id, amount, "LockTx")
-}
-
-// deposit is the read-modify-write. It adds in Go, not in SQL, on purpose:
-// without the lock, two deposits could read the same balance and one of
-// them would be lost.
-func deposit(ctx context.Context, q *Queries, id string, amount int64, via string) error {
-	balance, err := q.GetBalance(ctx, id)
-	if err != nil {
-		return err
-	}
-	if err := q.SetBalance(ctx, SetBalanceParams{ID: id, Balance: balance + amount}); err != nil {
-		return err
-	}
-	return q.AddEntry(ctx, AddEntryParams{AccountID: id, Amount: amount, Via: via})
-}
-
-// SqlxWallets is the same service written with sqlx.
-type SqlxWallets struct {
-	db *sqlx.DB
-}
-
-type accountRow struct {
-	ID      string `db:"id"`
-	Balance int64  `db:"balance"`
-}
-
-type entryRow struct {
-	AccountID string `db:"account_id"`
-	Amount    int64  `db:"amount"`
-	Via       string `db:"via"`
-}
-
-// Deposit adds amount to account id in sqlxlock.WithLock's transaction.
-func (w *SqlxWallets) Deposit(ctx context.Context, id string, amount int64) error {
-	return sqlxlock.WithLock(ctx, w.db, walletKeys.Key(id), func(ctx context.Context, tx *sqlx.Tx) error {
-		var a accountRow
-		if err := tx.GetContext(ctx, &a, `SELECT id, balance FROM repo_accounts WHERE id = $1`, id); err != nil {
-			return err
-		}
-		if _, err := tx.ExecContext(ctx, `UPDATE repo_accounts SET balance = $2 WHERE id = $1`, id, a.Balance+amount); err != nil {
-			return err
-		}
-		_, err := tx.NamedExecContext(ctx, `INSERT INTO repo_entries (account_id, amount, via) VALUES (:account_id, :amount, :via)`,
-			entryRow{AccountID: id, Amount: amount, Via: "sqlxlock"})
-		return err
-	}, txlock.WithTimeout(lockTimeout))
-}
 
 // depositInOwnTx is code that owns its transaction, as a handler that
 // writes other rows in it would: it calls the repository method inside it,

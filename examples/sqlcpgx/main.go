@@ -22,6 +22,9 @@
 // the quantity left plus the reservations made equals the stock it began
 // with, and no order is sold twice; it exits non-zero otherwise. It drops
 // and recreates its tables, sqlcpgx_stock and sqlcpgx_reservations.
+//
+// The part to copy is shop.go (Shop), over the generated package stock; the
+// rest is the demo.
 package main
 
 import (
@@ -31,71 +34,20 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/examples/internal/exampledb"
 	"github.com/txlock/txlock/examples/sqlcpgx/stock"
-	"github.com/txlock/txlock/pgxlock"
 )
 
 func main() { exampledb.Main("sqlcpgx", run) }
 
 //go:embed schema.sql
 var schema string
-
-// skuKeys gives each SKU its lock.
-var skuKeys = txlock.NewKeyspace("stock")
-
-// lockTimeout bounds every lock wait of the example.
-const lockTimeout = 30 * time.Second
-
-// errSoldOut is an order that found no stock left.
-var errSoldOut = errors.New("sold out")
-
-// Shop is a service over the generated repository.
-type Shop struct {
-	pool *pgxpool.Pool
-}
-
-// Reserve reserves one unit of sku for order: the lock, then the
-// repository's read and writes in the lock's own transaction, committed
-// with it.
-func (s *Shop) Reserve(ctx context.Context, sku, order string) error {
-	return pgxlock.WithLock(ctx, s.pool, skuKeys.Key(sku), func(ctx context.Context, tx pgx.Tx) error {
-		return reserve(ctx, stock.New(tx), sku, order, "WithLock")
-	}, txlock.WithTimeout(lockTimeout))
-}
-
-// ReserveTx is Reserve inside the caller's transaction tx. The lock lasts
-// until the caller commits or rolls back tx.
-func (s *Shop) ReserveTx(ctx context.Context, tx pgx.Tx, sku, order string) error {
-	if err := pgxlock.LockTx(ctx, tx, skuKeys.Key(sku), txlock.WithTimeout(lockTimeout)); err != nil {
-		return err
-	}
-	return reserve(ctx, stock.New(tx), sku, order, "LockTx")
-}
-
-// reserve is the read-modify-write. It subtracts in Go, not in SQL, on
-// purpose: without the lock, two orders could read the same quantity, and
-// both would be sold the same unit.
-func reserve(ctx context.Context, q *stock.Queries, sku, order, via string) error {
-	n, err := q.GetQuantity(ctx, sku)
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return errSoldOut
-	}
-	if err := q.SetQuantity(ctx, stock.SetQuantityParams{Sku: sku, Quantity: n - 1}); err != nil {
-		return err
-	}
-	return q.AddReservation(ctx, stock.AddReservationParams{Sku: sku, OrderID: order, Quantity: 1, Via: via})
-}
 
 type config struct {
 	workers int
@@ -131,7 +83,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, servers.Close()) }()
-	phases := []struct{ name, url, mode string }{{"direct, pgx's default exec mode", servers.URL, ""}}
+	phases := []struct{ name, url, mode string }{{"direct, pgx's default exec mode", servers.URL, "cache_statement"}}
 	if servers.BouncerURL != "" {
 		phases = append(phases, struct{ name, url, mode string }{"PgBouncer, exec mode", servers.BouncerURL, "exec"})
 	} else {
@@ -147,7 +99,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) (err error) {
 }
 
 // phase recreates the tables, places every worker's orders through url in
-// exec mode (pgx's default if ""), and checks the result.
+// exec mode (the URL's if ""), and checks the result.
 func phase(ctx context.Context, stdout io.Writer, name, url, mode, directURL string, cfg config) error {
 	admin, err := pgx.Connect(ctx, directURL)
 	if err != nil {
@@ -247,7 +199,7 @@ func phase(ctx context.Context, stdout io.Writer, name, url, mode, directURL str
 func execMode(name string) (pgx.QueryExecMode, error) {
 	for _, m := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
 		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
-		if m.String() == name {
+		if strings.ReplaceAll(m.String(), " ", "_") == name { // "cache statement" is default_query_exec_mode's cache_statement
 			return m, nil
 		}
 	}

@@ -1,0 +1,3 @@
+module github.com/txlock/txlock/internal/docscheck
+
+go 1.26.0
