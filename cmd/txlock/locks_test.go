@@ -944,3 +944,30 @@ func TestLocksSemaphoreFlag(t *testing.T) {
 	assert.Equal(t, 2, r.code, "%+v", r)
 	assert.True(t, strings.HasPrefix(r.stderr, `txlock locks: --semaphore "=8": `), "%q", r.stderr)
 }
+
+// TestLocksOwnerPgBouncer: through PgBouncer in transaction mode, a
+// semaphore's holder named with WithOwner shows in `txlock locks --json`
+// with its label, as the application_name of its slot, and the session's
+// own name is not shown while the label is.
+func TestLocksOwnerPgBouncer(t *testing.T) {
+	url, _ := pgtest.PgBouncer(t)
+	url = withParam(t, url, "default_query_exec_mode", "exec")
+	db := openPool(t, withParam(t, url, "application_name", "owner-pgb"))
+	name := randomName("export-")
+	label := randomName("export replica-2 job ")
+	var rows []lockRow
+	var slot int
+	err := txlock.WithSemaphore(context.Background(), db, txlock.StringKey(name), 4, func(ctx context.Context, _ *sql.Tx) error {
+		l, _ := txlock.LockFromContext(ctx)
+		slot = l.Slot
+		rows = locksJSON(t, "--db", url, "--semaphore", name+"=4")
+		return nil
+	}, txlock.WithOwner(label))
+	require.NoError(t, err)
+	held := findRows(rows, label)
+	require.Len(t, held, 1, "%+v", rows)
+	assert.Equal(t, "held", held[0].Lock)
+	assert.Equal(t, &semaphoreSlot{Slot: slot, Slots: 4}, held[0].Semaphore)
+	assert.Equal(t, fmt.Sprintf("semaphore %s, slot %d of 4", name, slot), held[0].Label)
+	assert.Empty(t, findRows(rows, "owner-pgb"), "the session's own name is not shown while the label is")
+}
