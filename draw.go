@@ -350,7 +350,7 @@ func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, err
 		if rctx.Err() == nil {
 			return nil, err
 		}
-		kind, werr := waitEnded(ctx, keys, 0, waited)
+		kind, werr := waitEnded(ctx, keys, c.slots, 0, waited)
 		werr = fmt.Errorf("%w (%v)", werr, err)
 		if c.ev.on() {
 			c.ev.emit(Event{Kind: WaitStarted, Keys: keys, Shared: c.shared})

@@ -79,7 +79,8 @@ var (
 //     ErrLockTimeout, and carries the context's cause; the event is
 //     Canceled, and metrics count it apart from timeouts.
 type LockTimeoutError struct {
-	Keys     []Key         // the keys asked for, in canonical order
+	Keys     []Key         // the keys asked for, in canonical order; a semaphore's key
+	Slots    int           // a semaphore's n (its slots are SlotKey(Keys[0], i)), 0 for a lock
 	Attempts int           // lock statements run
 	Waited   time.Duration // time from the call to giving up
 	Err      error         // the caller's context error, or nil if the timeout option ran out
@@ -88,7 +89,7 @@ type LockTimeoutError struct {
 func (e *LockTimeoutError) Error() string {
 	var sb strings.Builder
 	sb.WriteString("txlock: lock wait timed out: ")
-	writeKeys(&sb, e.Keys)
+	writeKeys(&sb, e.Keys, e.Slots)
 	fmt.Fprintf(&sb, " not granted after %d attempts in %v", e.Attempts, e.Waited.Round(time.Microsecond))
 	if e.Err != nil {
 		sb.WriteString(": ")
@@ -108,7 +109,8 @@ func (e *LockTimeoutError) Unwrap() error { return e.Err }
 // LockTimeoutError for the rule). It matches context.Canceled, and the
 // context's cause when the context was cancelled with one.
 type CanceledError struct {
-	Keys     []Key         // the keys asked for, in canonical order
+	Keys     []Key         // the keys asked for, in canonical order; a semaphore's key
+	Slots    int           // a semaphore's n, 0 for a lock
 	Attempts int           // lock statements run
 	Waited   time.Duration // time from the call to giving up
 	Cause    error         // context.Cause of the caller's context: context.Canceled, or the cause it was cancelled with
@@ -117,7 +119,7 @@ type CanceledError struct {
 func (e *CanceledError) Error() string {
 	var sb strings.Builder
 	sb.WriteString("txlock: lock wait canceled: ")
-	writeKeys(&sb, e.Keys)
+	writeKeys(&sb, e.Keys, e.Slots)
 	fmt.Fprintf(&sb, " not granted after %d attempts in %v: %v", e.Attempts, e.Waited.Round(time.Microsecond), e.Cause)
 	return sb.String()
 }
@@ -132,11 +134,11 @@ func (e *CanceledError) Unwrap() []error {
 
 // waitEnded is the error, and the event kind, of a wait that ended without
 // the lock after attempts in waited: the rule LockTimeoutError documents.
-func waitEnded(ctx context.Context, keys []Key, attempts int, waited time.Duration) (EventKind, error) {
+func waitEnded(ctx context.Context, keys []Key, slots, attempts int, waited time.Duration) (EventKind, error) {
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return Canceled, &CanceledError{Keys: keys, Attempts: attempts, Waited: waited, Cause: context.Cause(ctx)}
+		return Canceled, &CanceledError{Keys: keys, Slots: slots, Attempts: attempts, Waited: waited, Cause: context.Cause(ctx)}
 	}
-	return TimedOut, &LockTimeoutError{Keys: keys, Attempts: attempts, Waited: waited, Err: ctx.Err()}
+	return TimedOut, &LockTimeoutError{Keys: keys, Slots: slots, Attempts: attempts, Waited: waited, Err: ctx.Err()}
 }
 
 // reachedDeadline reports a wait that ended at its own deadline, the
@@ -198,7 +200,7 @@ var errBusy = errors.New("txlock: busy")
 
 func keysString(keys []Key) string {
 	var sb strings.Builder
-	writeKeys(&sb, keys)
+	writeKeys(&sb, keys, 0)
 	return sb.String()
 }
 
@@ -211,11 +213,17 @@ func keysSummary(keys []Key) string {
 	return fmt.Sprintf("%d keys (%s, …)", len(keys), keys[0])
 }
 
-func writeKeys(sb *strings.Builder, keys []Key) {
+func writeKeys(sb *strings.Builder, keys []Key, slots int) {
 	for i, k := range keys {
 		if i > 0 {
 			sb.WriteString(", ")
 		}
 		sb.WriteString(k.String())
+	}
+	switch {
+	case slots == 1:
+		sb.WriteString(", a semaphore of 1 slot (SlotKey(key, 0)),")
+	case slots > 1:
+		fmt.Fprintf(sb, ", a semaphore of %d slots (SlotKey(key, 0 to %d)),", slots, slots-1)
 	}
 }

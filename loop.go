@@ -410,7 +410,7 @@ func (w *waiter) exit(kind EventKind, err error) error {
 // ended ends the wait at its deadline, or with ctx: see waitEnded.
 func (w *waiter) ended(ctx context.Context) error {
 	w.lock.Waited = w.c.clock.now().Sub(w.start)
-	kind, err := waitEnded(ctx, w.lock.Keys, w.lock.Attempts, w.lock.Waited)
+	kind, err := waitEnded(ctx, w.lock.Keys, w.lock.Slots, w.lock.Attempts, w.lock.Waited)
 	w.event(kind, err)
 	return err
 }

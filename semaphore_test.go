@@ -322,3 +322,23 @@ func TestSemaphoreBadInput(t *testing.T) {
 	assert.ErrorIs(t, txlock.SlotKey(key, txlock.MaxKeys).Err(), txlock.ErrInvalidKey)
 	assert.ErrorIs(t, txlock.SlotKey(txlock.Key{}, 0).Err(), txlock.ErrInvalidKey)
 }
+
+// A semaphore whose every slot stays busy times out with an error that
+// says it is a semaphore, of how many slots, and carries n (Slots), so
+// that an operator can find its slots' keys in pg_locks.
+func TestSemaphoreTimeoutNamesItsSlots(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	hold(t, db, txlock.SlotKey(key, 0), false)
+	hold(t, db, txlock.SlotKey(key, 1), false)
+	err := txlock.WithSemaphore(context.Background(), db, key, 2, func(context.Context, *sql.Tx) error {
+		t.Error("fn ran")
+		return nil
+	}, txlock.WithTimeout(200*time.Millisecond))
+	require.ErrorIs(t, err, txlock.ErrLockTimeout)
+	var te *txlock.LockTimeoutError
+	require.ErrorAs(t, err, &te)
+	assert.Equal(t, 2, te.Slots)
+	assert.Equal(t, []txlock.Key{key}, te.Keys)
+	assert.ErrorContains(t, err, "a semaphore of 2 slots (SlotKey(key, 0 to 1)), not granted after")
+}
