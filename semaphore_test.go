@@ -342,3 +342,42 @@ func TestSemaphoreTimeoutNamesItsSlots(t *testing.T) {
 	assert.Equal(t, []txlock.Key{key}, te.Keys)
 	assert.ErrorContains(t, err, "a semaphore of 2 slots (SlotKey(key, 0 to 1)), not granted after")
 }
+
+// A process's local queue lets n callers of a semaphore of n slots make
+// attempts at once, and queues the rest: with every slot held by another
+// session, 12 callers of a semaphore of 3 each try once, and then exactly
+// 3 of them go on polling until their timeout, while the other 9 wait in
+// the queue without attempting again (a turn handed on at the deadline
+// leaves its taker at most one more attempt).
+func TestSemaphoreLocalQueueAdmitsN(t *testing.T) {
+	const n, callers = 3, 12
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	for i := range n {
+		hold(t, db, txlock.SlotKey(key, i), false)
+	}
+	attempts := make(chan int, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			err := txlock.WithSemaphore(context.Background(), db, key, n, func(context.Context, *sql.Tx) error {
+				t.Error("fn ran")
+				return nil
+			}, txlock.WithTimeout(time.Second))
+			var te *txlock.LockTimeoutError
+			if assert.ErrorAs(t, err, &te) {
+				attempts <- te.Attempts
+			}
+		})
+	}
+	wg.Wait()
+	close(attempts)
+	var polled, all []int
+	for a := range attempts {
+		all = append(all, a)
+		if a >= 3 {
+			polled = append(polled, a)
+		}
+	}
+	assert.Len(t, polled, n, "callers that went on polling, of attempts %v", all)
+}
