@@ -347,8 +347,8 @@ func TestSemaphoreTimeoutNamesItsSlots(t *testing.T) {
 // attempts at once, and queues the rest: with every slot held by another
 // session, 12 callers of a semaphore of 3 each try once, and then exactly
 // 3 of them go on polling until their timeout, while the other 9 wait in
-// the queue without attempting again (a turn handed on at the deadline
-// leaves its taker at most one more attempt).
+// the queue, with an attempt or two more at most (a turn handed on as the
+// deadline comes).
 func TestSemaphoreLocalQueueAdmitsN(t *testing.T) {
 	const n, callers = 3, 12
 	db := direct(t)
@@ -375,7 +375,7 @@ func TestSemaphoreLocalQueueAdmitsN(t *testing.T) {
 	var polled, all []int
 	for a := range attempts {
 		all = append(all, a)
-		if a >= 3 {
+		if a > 5 { // a poller makes 20 to 30 in the second; a queued caller 1 to 3
 			polled = append(polled, a)
 		}
 	}

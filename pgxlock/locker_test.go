@@ -56,8 +56,12 @@ func TestLocker(t *testing.T) {
 		kinds = nil
 		return k
 	}
-	l, err := pgxlock.New(pool, txlock.WithObserver(obs), txlock.WithTimeout(200*time.Millisecond))
+	// The Locker's timeout is what the end of the test checks; it is long
+	// enough for a loaded machine to open a connection, and the pool has
+	// one open before the first call.
+	l, err := pgxlock.New(pool, txlock.WithObserver(obs), txlock.WithTimeout(time.Second))
 	require.NoError(t, err)
+	require.NoError(t, pool.Ping(ctx))
 	key, other := txlock.StringKey(uniq(t)), txlock.StringKey(uniq(t))
 	fn := func(context.Context, pgx.Tx) error { return nil }
 	ownTx := []txlock.EventKind{txlock.WaitStarted, txlock.Acquired, txlock.Released}
@@ -120,7 +124,7 @@ func TestLocker(t *testing.T) {
 	select {
 	case err := <-done:
 		t.Fatalf("the call's WithTimeout(time.Minute) did not override the Locker's: %v", err)
-	case <-time.After(time.Second):
+	case <-time.After(3 * time.Second):
 	}
 	release()
 	require.NoError(t, <-done)
