@@ -394,8 +394,10 @@ func TestServerWaitLocalQueue(t *testing.T) {
 					order = append(order, p)
 					mu.Unlock()
 					// A hold long enough for the other pool's next caller
-					// to queue in the server, even on a loaded machine.
-					time.Sleep(50 * time.Millisecond)
+					// to queue in the server, even on a loaded machine
+					// (50ms was not, once, in CI with the suites side by
+					// side).
+					time.Sleep(200 * time.Millisecond)
 					return l.step(ctx, tx)
 				}, txlock.WithServerWait(txlock.ServerWait{Window: time.Second}), txlock.WithTimeout(30*time.Second)))
 			}()
