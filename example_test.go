@@ -29,7 +29,7 @@ import (
 // examplePool opens a pgx pool on the shared test PostgreSQL for a runnable
 // example.
 func examplePool() *pgxpool.Pool {
-	pool, err := pgxpool.New(context.Background(), pgtest.Postgres(exampleTB{}))
+	pool, err := pgxpool.New(context.Background(), pgtest.ExampleURL())
 	if err != nil {
 		panic(err)
 	}

@@ -2,7 +2,6 @@ package txlock_test
 
 import (
 	"database/sql"
-	"fmt"
 	"os"
 	"testing"
 
@@ -58,19 +57,9 @@ func requireNoAdvisoryLocks(t testing.TB, db *sql.DB) { locktest.RequireNoAdviso
 // heldBy returns how many backends hold k (granted) on the server.
 var heldBy = locktest.HeldBy
 
-// exampleTB lets runnable examples get the shared test server, which the
-// pgtest helpers hand out to a testing.TB. Every failure panics, which fails
-// the example.
-type exampleTB struct{ testing.TB }
-
-func (exampleTB) Helper()                           {}
-func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
-func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (exampleTB) Skipf(format string, args ...any)  { panic(fmt.Sprintf(format, args...)) }
-
 // exampleDB opens the shared test PostgreSQL for a runnable example.
 func exampleDB() *sql.DB {
-	db, err := sql.Open("pgx", pgtest.Postgres(exampleTB{}))
+	db, err := sql.Open("pgx", pgtest.ExampleURL())
 	if err != nil {
 		panic(err)
 	}

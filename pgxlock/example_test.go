@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -21,20 +20,10 @@ import (
 // examplePool opens. Another instance of the service that holds a lock is
 // played by a transaction of the example's own that took it with LockTx.
 
-// exampleTB lets runnable examples get the shared test server, which the
-// pgtest helpers hand out to a testing.TB. Every failure panics, which fails
-// the example.
-type exampleTB struct{ testing.TB }
-
-func (exampleTB) Helper()                           {}
-func (exampleTB) Fatal(args ...any)                 { panic(fmt.Sprint(args...)) }
-func (exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
-func (exampleTB) Skipf(format string, args ...any)  { panic(fmt.Sprintf(format, args...)) }
-
 // examplePool opens a pool on the shared test PostgreSQL for a runnable
 // example.
 func examplePool() *pgxpool.Pool {
-	pool, err := pgxpool.New(context.Background(), pgtest.Postgres(exampleTB{}))
+	pool, err := pgxpool.New(context.Background(), pgtest.ExampleURL())
 	if err != nil {
 		panic(err)
 	}
