@@ -634,7 +634,7 @@ func TestTermLost(t *testing.T) {
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, e.db))
 	key := txlock.NewKeyspace("leases").ID(int32(time.Now().UnixNano() & 0x7fffffff))
-	term, err := e.locker.AcquireTerm(ctx, key, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 100 * time.Millisecond}))
+	term, err := e.locker.AcquireTerm(ctx, key, txlock.WithHeartbeat(txlock.Heartbeat{Interval: 100 * time.Millisecond, Timeout: 2 * time.Second, TTL: 5 * time.Second}))
 	require.NoError(t, err)
 	a, b, _ := key.Pair()
 	var n int
