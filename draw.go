@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -22,18 +23,46 @@ import (
 //     draw connection, shared by every call of the process on that pool. A
 //     draw without it, on a pool whose connections are all in use, fails
 //     at once (ErrNoToken) rather than waiting.
+//
+//     Behind a transaction-mode pooler the same holds one level down: a
+//     client connection set aside has no server connection between its
+//     transactions, and the holders keep theirs. So the draw connection
+//     keeps its server connection by staying in a transaction while it is
+//     set aside (drawPin). Each draw runs in that transaction, and then
+//     "COMMIT; BEGIN …" goes as one message, to which the server answers
+//     with one ReadyForQuery, in a transaction: PgBouncer never sees the
+//     connection idle, and never unlinks it. The pinned transaction has no
+//     transaction id and, between statements, no snapshot, so it holds
+//     nothing back (TestDrawConnectionKeepsItsServer checks both).
 //   - A draw is a query that returns a row, which database/sql drivers may
 //     send in several messages (pgx's stdlib: by its exec mode), and which a
 //     transaction-mode pooler such as PgBouncer 1.18 may then pass to
 //     different server connections. So database/sql draws run in a
-//     transaction of their own (see queryRow); pgxlock's draws are sent
-//     with the simple protocol, in one message.
+//     transaction (the draw connection's, or one of their own: see
+//     queryRow); pgxlock's draws are sent with the simple protocol, in one
+//     message.
+
+// drawPin begins the transaction in which a draw connection waits and
+// draws. Its settings end with it: the server's idle-in-transaction and
+// transaction timeouts are off for it (a pinned connection is idle in a
+// transaction by design, and holds nothing while it is), and
+// application_name says what it is, to an operator who sees it in
+// pg_stat_activity. transaction_timeout exists from PostgreSQL 17 on.
+const drawPin = `BEGIN ISOLATION LEVEL READ COMMITTED;
+SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),
+	CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NOT NULL
+		THEN pg_catalog.set_config('transaction_timeout', '0', true) END,
+	pg_catalog.set_config('application_name', 'txlock fencing-token draws', true)`
 
 // A drawConn is a connection set aside for draws.
 type drawConn interface {
 	// drawRow runs query, a draw, and scans its one row into dest.
 	drawRow(ctx context.Context, query string, dest ...any) error
-	close()
+	// exec runs query, statements without arguments, as one message.
+	exec(ctx context.Context, query string) error
+	// close gives the connection back to its pool, or closes it if discard
+	// (its state is not known to be idle).
+	close(discard bool)
 }
 
 // A drawer is a pool's draw connection, shared by the calls of this process
@@ -100,7 +129,7 @@ func reserveDraw(ctx context.Context, handle any, open func(context.Context) (dr
 		ch := make(chan struct{})
 		d.opening = ch
 		d.mu.Unlock()
-		c, err := open(ctx)
+		c, err := openPinned(ctx, open)
 		d.mu.Lock()
 		d.opening = nil
 		if err == nil {
@@ -136,9 +165,48 @@ func (d *drawer) release() {
 	d.conn = nil
 	d.mu.Unlock()
 	if c != nil {
-		c.close()
+		unpin(c)
 	}
 	<-d.use
+}
+
+// openPinned opens a draw connection with open, and begins its pinned
+// transaction (drawPin).
+func openPinned(ctx context.Context, open func(context.Context) (drawConn, error)) (drawConn, error) {
+	c, err := open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.exec(ctx, drawPin); err != nil {
+		c.close(true)
+		return nil, err
+	}
+	return c, nil
+}
+
+// unpin ends c's pinned transaction and gives c back to its pool.
+func unpin(c drawConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), drawTimeout)
+	err := c.exec(ctx, "ROLLBACK")
+	cancel()
+	c.close(err != nil)
+}
+
+// drawPinned runs a draw on c, in its pinned transaction, then commits it
+// and begins the next in one message (see the top of this file). It
+// reports broken when c is not to be used again: the connection broke, or
+// its transaction could not be ended and begun again. A token is returned
+// only once its commit has succeeded.
+func drawPinned(ctx context.Context, c drawConn, query string, dest ...any) (err error, broken bool) {
+	if err := c.drawRow(ctx, query, dest...); err != nil {
+		// The server's answer (a missing sequence, say) leaves the
+		// transaction failed: roll it back and begin again.
+		return err, connBroken(err) || c.exec(ctx, "ROLLBACK;\n"+drawPin) != nil
+	}
+	if err := c.exec(ctx, "COMMIT;\n"+drawPin); err != nil {
+		return fmt.Errorf("committing the draw: %w", err), true
+	}
+	return nil, false
 }
 
 // draw runs a draw on the drawer's connection, one at a time. It reports
@@ -161,16 +229,16 @@ func (d *drawer) draw(ctx context.Context, query string, dest ...any) (bool, err
 	done := make(chan error, 1)
 	go func() {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drawTimeout)
-		err := c.drawRow(dctx, query, dest...)
+		err, broken := drawPinned(dctx, c, query, dest...)
 		cancel()
-		if connBroken(err) {
+		if broken {
 			// The next call that reserves opens another.
 			d.mu.Lock()
 			if d.conn == c {
 				d.conn = nil
 			}
 			d.mu.Unlock()
-			c.close()
+			c.close(true)
 		}
 		<-d.use
 		done <- err
@@ -202,10 +270,15 @@ func connBroken(err error) bool {
 	return false
 }
 
-// sqlDrawConn is database/sql's draw connection, of the pool db.
+// sqlDrawConn is database/sql's draw connection, of the pool db. Its draws
+// run in its pinned transaction, so every message of a draw reaches its one
+// server connection behind a transaction-mode pooler. tag, a comment of
+// random bytes, ends each draw's text: pgx's cache_statement mode names the
+// statement it prepares after the text, and another client may have left a
+// statement of that name on the server connection.
 type sqlDrawConn struct {
-	c  *sql.Conn
-	db *sql.DB
+	c   *sql.Conn
+	tag string
 }
 
 func openSQLDraw(db *sql.DB) func(context.Context) (drawConn, error) {
@@ -214,15 +287,36 @@ func openSQLDraw(db *sql.DB) func(context.Context) (drawConn, error) {
 		if err != nil {
 			return nil, err
 		}
-		return sqlDrawConn{c: c, db: db}, nil
+		return sqlDrawConn{c: c, tag: nonceComment()}, nil
 	}
 }
 
 func (s sqlDrawConn) drawRow(ctx context.Context, query string, dest ...any) error {
-	return queryRow(ctx, any(s.db), s.c, query, dest...)
+	return s.c.QueryRowContext(ctx, query+s.tag).Scan(dest...)
 }
 
-func (s sqlDrawConn) close() { _ = s.c.Close() }
+// exec runs query with ExecContext and no arguments, which the drivers send
+// as a simple query, one message (pgx: in every exec mode).
+func (s sqlDrawConn) exec(ctx context.Context, query string) error {
+	_, err := s.c.ExecContext(ctx, query)
+	return err
+}
+
+func (s sqlDrawConn) close(discard bool) {
+	if discard {
+		// database/sql closes a connection whose use reports ErrBadConn.
+		_ = s.c.Raw(func(any) error { return driver.ErrBadConn })
+	}
+	_ = s.c.Close()
+}
+
+// nonceComment returns an SQL comment of random bytes, which makes a
+// statement's text its own.
+func nonceComment() string {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	return " /* txlock " + hex.EncodeToString(nonce[:]) + " */"
+}
 
 // rowQuerier is where a database/sql draw runs: *sql.DB, *sql.Conn.
 type rowQuerier interface {
@@ -300,9 +394,7 @@ type preparer interface {
 // left on the server connection. In a transaction, the three round trips
 // meet the same server connection behind a transaction-mode pooler.
 func preparedRow(ctx context.Context, p preparer, query string, dest ...any) error {
-	var nonce [8]byte
-	_, _ = rand.Read(nonce[:])
-	stmt, err := p.PrepareContext(ctx, query+" /* txlock "+hex.EncodeToString(nonce[:])+" */")
+	stmt, err := p.PrepareContext(ctx, query+nonceComment())
 	if err != nil {
 		return err
 	}

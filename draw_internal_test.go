@@ -6,6 +6,7 @@ package txlock
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,15 +18,21 @@ import (
 // fakeDrawConn is a drawConn whose draws wait for release, or for their own
 // context.
 type fakeDrawConn struct {
-	release chan struct{}
-	started chan context.Context
-	draws   atomic.Int32
-	closed  atomic.Bool
-	err     error // what a draw returns
+	release   chan struct{}
+	started   chan context.Context
+	draws     atomic.Int32
+	closed    atomic.Bool
+	discarded atomic.Bool
+	err       error              // what a draw returns
+	execErr   func(string) error // what exec returns for a statement, if set
+
+	mu    sync.Mutex
+	execs []string // the statements exec ran, with "draw" for each draw
 }
 
 func (f *fakeDrawConn) drawRow(ctx context.Context, query string, dest ...any) error {
 	f.draws.Add(1)
+	f.record("draw")
 	if f.started != nil {
 		f.started <- ctx
 	}
@@ -39,7 +46,30 @@ func (f *fakeDrawConn) drawRow(ctx context.Context, query string, dest ...any) e
 	return f.err
 }
 
-func (f *fakeDrawConn) close() { f.closed.Store(true) }
+func (f *fakeDrawConn) exec(ctx context.Context, query string) error {
+	f.record(query)
+	if f.execErr != nil {
+		return f.execErr(query)
+	}
+	return nil
+}
+
+func (f *fakeDrawConn) record(s string) {
+	f.mu.Lock()
+	f.execs = append(f.execs, s)
+	f.mu.Unlock()
+}
+
+func (f *fakeDrawConn) statements() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.execs...)
+}
+
+func (f *fakeDrawConn) close(discard bool) {
+	f.closed.Store(true)
+	f.discarded.Store(discard)
+}
 
 func openFake(c *fakeDrawConn) func(context.Context) (drawConn, error) {
 	return func(context.Context) (drawConn, error) { return c, nil }
@@ -153,4 +183,67 @@ func TestDrawNeverWaitsForAnOpening(t *testing.T) {
 	drawers.Lock()
 	assert.NotContains(t, drawers.m, any(handle))
 	drawers.Unlock()
+}
+
+// The draw connection stays in a transaction while it is set aside: it is
+// begun when the connection is opened, each draw commits it and begins the
+// next in one statement (one message), a draw the server refuses rolls it
+// back and begins again, and the last release rolls it back. A draw whose
+// commit fails returns no token and discards the connection, as does a
+// release whose rollback fails.
+func TestDrawPinsItsTransaction(t *testing.T) {
+	const commit, again = "COMMIT;\n" + drawPin, "ROLLBACK;\n" + drawPin
+	c := &fakeDrawConn{}
+	d, err := reserveDraw(context.Background(), new(int), openFake(c))
+	require.NoError(t, err)
+	assert.Equal(t, []string{drawPin}, c.statements(), "opening")
+	drawn, err := d.draw(context.Background(), "draw")
+	require.True(t, drawn)
+	require.NoError(t, err)
+	assert.Equal(t, []string{drawPin, "draw", commit}, c.statements(), "a draw")
+
+	c.err = sqlStateError("42P01")
+	_, err = d.draw(context.Background(), "draw")
+	assert.Equal(t, "42P01", SQLState(err))
+	assert.Equal(t, []string{drawPin, "draw", commit, "draw", again}, c.statements(), "a refused draw")
+	assert.False(t, c.closed.Load())
+	d.release()
+	assert.Equal(t, "ROLLBACK", c.statements()[5], "the release")
+	assert.True(t, c.closed.Load())
+	assert.False(t, c.discarded.Load(), "a connection rolled back was discarded")
+
+	// The commit fails: no token, and the connection is discarded.
+	c2 := &fakeDrawConn{execErr: func(q string) error {
+		if q == commit {
+			return sqlStateError("40001")
+		}
+		return nil
+	}}
+	d2, err := reserveDraw(context.Background(), new(int), openFake(c2))
+	require.NoError(t, err)
+	_, err = d2.draw(context.Background(), "draw")
+	assert.ErrorContains(t, err, "committing the draw")
+	assert.True(t, c2.discarded.Load())
+	drawn, _ = d2.draw(context.Background(), "draw")
+	assert.False(t, drawn, "a draw used a discarded connection")
+	d2.release()
+
+	// The rollback at release fails: the connection is discarded.
+	c3 := &fakeDrawConn{execErr: func(q string) error {
+		if q == "ROLLBACK" {
+			return errors.New("connection reset")
+		}
+		return nil
+	}}
+	d3, err := reserveDraw(context.Background(), new(int), openFake(c3))
+	require.NoError(t, err)
+	d3.release()
+	assert.True(t, c3.discarded.Load())
+
+	// The transaction cannot be begun: the reservation fails, and the
+	// connection is discarded.
+	c4 := &fakeDrawConn{execErr: func(string) error { return sqlStateError("25001") }}
+	_, err = reserveDraw(context.Background(), new(int), openFake(c4))
+	assert.Equal(t, "25001", SQLState(err))
+	assert.True(t, c4.discarded.Load())
 }

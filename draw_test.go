@@ -17,12 +17,13 @@ import (
 )
 
 // Every statement txlock sends itself for fencing tokens works in every pgx
-// exec mode behind PgBouncer 1.18 in transaction mode: 16 goroutines on a
-// pool of 32, over 4 keys, draw 800 tokens, half of them with WithFencing,
+// exec mode behind PgBouncer 1.18 in transaction mode: 15 goroutines on a
+// pool of 32, over 3 keys, draw 750 tokens, about half with WithFencing,
 // so that each client connection meets many server connections (PgBouncer
-// has 5); every draw succeeds and every token is distinct. (Four keys, so
-// that at most four holders hold a server connection while they draw on a
-// fifth: see WithFencing for the pooler's own pool.) Where the mode lets the
+// has 5); every draw succeeds and every token is distinct. (Three keys:
+// the holders that draw without WithFencing draw on a server connection
+// of their own, beside the three holders' and the one that the WithFencing
+// calls' draw connection keeps: see docs/fencing.md.) Where the mode lets the
 // caller's own bind parameters through (not cache_statement or
 // describe_exec, which fail for any parameterized query there), every
 // holder also makes a fenced write of its key's row with its token, on the
@@ -32,7 +33,7 @@ import (
 // lock, with WithRetry(ExponentialBackoff{}): see below.) Terms, which draw
 // a token at their start, run in every mode.
 func TestTokensInEveryExecMode(t *testing.T) {
-	const workers, iters, keys = 16, 50, 4
+	const workers, iters, keys = 15, 50, 3
 	for _, tc := range []struct {
 		mode        string
 		fencedWrite bool
@@ -70,9 +71,10 @@ func TestTokensInEveryExecMode(t *testing.T) {
 				if tc.fencedWrite {
 					// With the default strategy each key's next caller
 					// waits in the server's lock queue for up to 200ms, on
-					// a server connection: four holders and four such
-					// waits fill PgBouncer's five, and a write outside the
-					// transaction waits for one of them to end.
+					// a server connection: three holders, the draw
+					// connection and such waits fill PgBouncer's five, and
+					// a write outside the transaction waits for one of
+					// them to end.
 					opts = append(opts, txlock.WithRetry(txlock.ExponentialBackoff{}))
 				}
 				wg.Go(func() {
@@ -169,34 +171,91 @@ func errorsJoin(a, b error) error {
 // which names WithFencing, instead of waiting for ever (or for their
 // deadline) for a connection none of them will give back.
 func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
-	const n, iters = 4, 50
+	const iters = 50
 	for _, route := range []string{"direct", "pgbouncer"} {
 		t.Run(route, func(t *testing.T) {
-			url := pgtest.Postgres(t)
+			url, n := pgtest.Postgres(t), 4
 			if route == "pgbouncer" {
-				url, _ = pgtest.PgBouncer(t)
+				var admin string
+				url, admin = pgtest.PgBouncer(t)
 				url += "&default_query_exec_mode=exec"
+				// More holders than PgBouncer has server connections:
+				// the draw connection keeps one of them.
+				n = locktest.BouncerPoolSize(t, admin) + 2
 			}
 			admin := direct(t)
 			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
-			db := open(t, url)
-			db.SetMaxOpenConns(n)
-			lock := func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
-				var opts []txlock.Option
-				if fencing {
-					opts = append(opts, txlock.WithFencing())
+			lock := func(db *sql.DB) locktest.Drawer {
+				return func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
+					var opts []txlock.Option
+					if fencing {
+						opts = append(opts, txlock.WithFencing())
+					}
+					return txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error { return body(ctx) }, opts...)
 				}
-				return txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error { return body(ctx) }, opts...)
 			}
 			t.Run("WithFencing", func(t *testing.T) {
+				db := open(t, url)
+				db.SetMaxOpenConns(n)
 				start := time.Now()
-				require.Empty(t, locktest.DrawingHolders(t, n, iters, lock))
+				require.Empty(t, locktest.DrawingHolders(t, n, iters, lock(db)))
 				t.Logf("%d holders on a pool of %d drew %d tokens in %v", n, n, n*iters, time.Since(start).Round(time.Millisecond))
 				require.Eventually(t, func() bool { return db.Stats().InUse == 0 }, 5*time.Second, 10*time.Millisecond, "the draw's connection went back to the pool")
 			})
-			t.Run("without", func(t *testing.T) { locktest.FullPoolDraws(t, n, lock) })
+			// Without WithFencing, holders that fill the pool: at most as
+			// many as PgBouncer's server connections, which they all keep.
+			t.Run("without", func(t *testing.T) {
+				db := open(t, url)
+				db.SetMaxOpenConns(4)
+				locktest.FullPoolDraws(t, 4, lock(db))
+			})
 		})
 	}
+}
+
+// The connection WithFencing sets aside keeps its server connection
+// through PgBouncer while holders keep all the others, and holds nothing
+// there: idle in a transaction with no transaction id and no snapshot
+// (locktest.PinnedDraws). The server's idle-in-transaction and transaction
+// timeouts do not end it: with both at 200ms for the pool's sessions, a
+// token is drawn after the draw connection has waited 600ms.
+func TestDrawConnectionKeepsItsServer(t *testing.T) {
+	admin := direct(t)
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+	lock := func(db *sql.DB) locktest.Drawer {
+		return func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
+			return txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error { return body(ctx) }, txlock.WithFencing())
+		}
+	}
+	t.Run("direct", func(t *testing.T) {
+		locktest.PinnedDraws(t, admin, 0, lock(open(t, pgtest.Postgres(t))))
+	})
+	for _, mode := range []string{"cache_statement", "exec"} {
+		t.Run("pgbouncer/"+mode, func(t *testing.T) {
+			db, adminURL := bouncer(t, mode)
+			locktest.PinnedDraws(t, admin, locktest.BouncerPoolSize(t, adminURL), lock(db))
+		})
+	}
+	t.Run("timeouts", func(t *testing.T) {
+		url := pgtest.Postgres(t) + "&idle_in_transaction_session_timeout=200ms"
+		var version int
+		require.NoError(t, admin.QueryRow(`SELECT current_setting('server_version_num')::int`).Scan(&version))
+		if version >= 170000 {
+			url += "&transaction_timeout=200ms"
+		}
+		db := open(t, url)
+		err := txlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
+			// The lock's own transaction is spared as the draw's is.
+			if _, err := tx.ExecContext(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '0', true),
+				CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL THEN set_config('transaction_timeout', '0', true) END`); err != nil {
+				return err
+			}
+			time.Sleep(600 * time.Millisecond)
+			_, err := txlock.FenceToken(ctx)
+			return err
+		}, txlock.WithFencing())
+		require.NoError(t, err)
+	})
 }
 
 // WithFencing needs a pool it can set a connection aside in: a single

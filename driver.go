@@ -223,7 +223,11 @@ func (d driverDrawConn) drawRow(ctx context.Context, query string, dest ...any) 
 	return d.c.DrawRow(ctx, query, dest...)
 }
 
-func (d driverDrawConn) close() { d.c.Close() }
+func (d driverDrawConn) exec(ctx context.Context, query string) error { return d.c.Exec(ctx, query) }
+
+// close gives the connection back; the driver closes it if it is not idle
+// (see driver.DrawConn), whatever discard says.
+func (d driverDrawConn) close(bool) { d.c.Close() }
 
 // idleConn reports whether the driver's pool has an idle connection, for
 // the default strategy's window in the server (see config.headWindow).

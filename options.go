@@ -311,9 +311,12 @@ func WithSerializationRetries(n int) Option {
 // draws, so that a holder never waits for a pool connection to draw on. It
 // is shared by every call of this process on that pool that gives this
 // option, serves their draws one at a time, and goes back to the pool when
-// the last of them has ended. Without it, a draw takes a connection from the
-// pool, and one on a pool whose connections are all in use (all held by
-// holders, say, each about to draw) fails at once with ErrNoToken.
+// the last of them has ended. While it is set aside it stays in a
+// transaction of its own, which keeps its server connection behind a
+// transaction-mode pooler such as PgBouncer (docs/fencing.md says what an
+// operator sees of it). Without this option, a draw takes a connection
+// from the pool, and one on a pool whose connections are all in use (all
+// held by holders, say, each about to draw) fails at once with ErrNoToken.
 //
 // Setting the connection aside is the first part of the lock wait, before
 // the call takes anything: it counts against WithTimeout, and a wait that
@@ -323,8 +326,9 @@ func WithSerializationRetries(n int) Option {
 // fn's context does, so that a holder that gives up does not break the
 // connection for the others. A draw that breaks the connection (an error
 // the server did not send, a connection exception, or the server ending
-// the session) closes it, and until a later call sets another aside, draws
-// are made as without this option; a draw that fails otherwise (a missing
+// the session) closes it, and so does a commit of a draw that fails (that
+// draw returns no token); until a later call sets another aside, draws are
+// made as without this option. A draw that fails otherwise (a missing
 // sequence, say) leaves it in use.
 //
 // db must be a pool (*sql.DB, *sqlx.DB, *pgxpool.Pool) that allows two

@@ -42,10 +42,11 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // commit flushes the sequence's WAL). Then the lock's transaction is asked
 // one statement, which proves it was alive, and so held the lock, until after
 // the draw. A transaction-scoped lock cannot be lost while its transaction
-// lives. Cost, on database/sql: four round trips, three of them on the
+// lives. Cost: with WithFencing, three round trips, two of them on the
+// draw connection; without it, on database/sql four, three of them on the
 // second connection (the draw runs in a transaction of its own there: see
-// draw.go; five where it must be prepared in it); on pgxlock: two, one on
-// each.
+// draw.go; five where it must be prepared in it), and on pgxlock two, one
+// on each.
 //
 // The db given to WithLock must therefore be a pool (*sql.DB, *sqlx.DB,
 // *pgxpool.Pool) of at least two connections: a single connection, or a
@@ -53,7 +54,8 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // draw that lands on the lock's own session. Give calls whose fn draws
 // tokens WithFencing, which sets the draw's connection aside before the
 // lock is taken: holders then never wait for one, however many of them
-// the pool's connections serve. Without it, a draw on a pool whose
+// the pool's connections serve, or a pooler's server connections (the
+// draw connection keeps one: see draw.go). Without it, a draw on a pool whose
 // connections are all in use fails at once with ErrNoToken (see draw.go
 // for both rules). A token is never issued to a fn that does not hold its
 // lock, or after fn has returned (ErrNoToken).

@@ -161,10 +161,18 @@ type Drawer interface {
 	OpenDraw() (func(context.Context) (DrawConn, error), error)
 }
 
-// A DrawConn is a connection set aside for draws.
+// A DrawConn is a connection set aside for draws. While it is set aside,
+// txlock keeps it in a transaction of its own, so that a transaction-mode
+// pooler keeps its server connection linked to it: every draw runs in that
+// transaction, and Exec ends it and begins the next in one message.
 type DrawConn interface {
 	// DrawRow runs query, a draw, and scans its row into dest.
 	DrawRow(ctx context.Context, query string, dest ...any) error
+	// Exec runs query, statements without arguments, as one simple query
+	// (one message, answered with one ReadyForQuery).
+	Exec(ctx context.Context, query string) error
+	// Close gives the connection back to its pool: closed, rather than
+	// kept, if it is not idle (in a transaction, or broken).
 	Close()
 }
 

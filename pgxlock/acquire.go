@@ -353,6 +353,14 @@ func (d drawConn) DrawRow(ctx context.Context, query string, dest ...any) error 
 	return d.pc.QueryRow(ctx, query, pgx.QueryExecModeSimpleProtocol).Scan(dest...)
 }
 
+// Exec runs query with the simple protocol, which pgx uses for a statement
+// without arguments in every exec mode.
+func (d drawConn) Exec(ctx context.Context, query string) error {
+	_, err := d.pc.Exec(ctx, query)
+	return err
+}
+
+// Close releases the connection; pgxpool closes one that is not idle.
 func (d drawConn) Close() { d.pc.Release() }
 
 // LockRow runs query in the lock's transaction, unless fn has returned. A

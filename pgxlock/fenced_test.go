@@ -137,8 +137,8 @@ func TestFencedWriteInLock(t *testing.T) {
 }
 
 // Fenced writes in every pgx exec mode, made concurrently by holders that
-// draw their tokens (WithFencing) in that mode: 16 workers on a pool of 20,
-// over 4 keys, each holder writing its key's row with its token, so that
+// draw their tokens (WithFencing) in that mode: 15 workers on a pool of 20,
+// over 3 keys, each holder writing its key's row with its token, so that
 // each client connection meets many server connections behind PgBouncer
 // (which has 5). Every draw succeeds, and every token is distinct.
 // Directly, the writes run on the pool in all five modes; through PgBouncer
@@ -149,7 +149,7 @@ func TestFencedWriteInLock(t *testing.T) {
 // row's: each row ends with the token and the count of its key's last
 // successful write.
 func TestFencedWritesInEveryExecMode(t *testing.T) {
-	const workers, iters, keys = 16, 25, 4
+	const workers, iters, keys = 15, 25, 3
 	errWrite := errors.New("fenced write")
 	for _, tc := range []struct {
 		name   string
@@ -180,10 +180,12 @@ func TestFencedWritesInEveryExecMode(t *testing.T) {
 			opts := []txlock.Option{txlock.WithFencing(), txlock.WithTimeout(30 * time.Second)}
 			if tc.bounce {
 				pool, admin, _ = bouncer(t, tc.mode)
-				// With the default strategy each key's next caller waits
-				// in the server's lock queue for up to 200ms, on a server
-				// connection: four holders and four such waits fill
-				// PgBouncer's five, and the draws wait for one to end.
+				// Three keys: three holders, the draw connection that
+				// WithFencing keeps, and the write each holder makes on
+				// the pool fill PgBouncer's five. With the default
+				// strategy each key's next caller would also wait in the
+				// server's lock queue for up to 200ms on a server
+				// connection, and the writes would wait for one to end.
 				opts = append(opts, txlock.WithRetry(txlock.ExponentialBackoff{}))
 			} else {
 				_, admin = direct(t)

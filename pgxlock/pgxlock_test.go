@@ -905,30 +905,59 @@ func TestConnInTransactionRefused(t *testing.T) {
 	assert.False(t, ran)
 }
 
+// drawer takes a key on pool for the draw tests, with WithFencing if asked.
+func drawer(pool *pgxpool.Pool) locktest.Drawer {
+	return func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
+		var opts []txlock.Option
+		if fencing {
+			opts = append(opts, txlock.WithFencing())
+		}
+		return pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error { return body(ctx) }, opts...)
+	}
+}
+
+// The connection WithFencing sets aside keeps its server connection
+// through PgBouncer while holders keep all the others, and holds nothing
+// there (locktest.PinnedDraws), in the exec modes that name their
+// statements and that do not.
+func TestDrawConnectionKeepsItsServer(t *testing.T) {
+	_, admin := direct(t)
+	require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
+	t.Run("direct", func(t *testing.T) {
+		locktest.PinnedDraws(t, admin, 0, drawer(newPool(t, pgtest.Postgres(t), "", 8)))
+	})
+	for _, mode := range []string{"cache_statement", "exec"} {
+		t.Run("pgbouncer/"+mode, func(t *testing.T) {
+			url, adminURL := pgtest.PgBouncer(t)
+			locktest.PinnedDraws(t, admin, locktest.BouncerPoolSize(t, adminURL), drawer(newPool(t, url, mode, 8)))
+		})
+	}
+}
+
 // N holders on a pool of N connections that all draw tokens all succeed
 // with WithFencing, directly and through PgBouncer; without it, holders that
 // fill the pool and then draw fail at once with ErrNoToken, which names
 // WithFencing, instead of waiting for a connection none of them gives back.
 func TestHoldersDrawOnTheirOwnPool(t *testing.T) {
-	const n, iters = 4, 50
+	const iters = 50
 	for _, route := range []string{"direct", "pgbouncer"} {
 		t.Run(route, func(t *testing.T) {
-			url := pgtest.Postgres(t)
+			url, n := pgtest.Postgres(t), int32(4)
 			if route == "pgbouncer" {
-				url, _ = pgtest.PgBouncer(t)
+				var admin string
+				url, admin = pgtest.PgBouncer(t)
+				// More holders than PgBouncer has server connections:
+				// the draw connection keeps one of them.
+				n = int32(locktest.BouncerPoolSize(t, admin) + 2)
 			}
 			_, admin := direct(t)
 			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), admin))
-			pool := newPool(t, url, "", n)
-			lock := func(ctx context.Context, key txlock.Key, fencing bool, body func(context.Context) error) error {
-				var opts []txlock.Option
-				if fencing {
-					opts = append(opts, txlock.WithFencing())
-				}
-				return pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error { return body(ctx) }, opts...)
-			}
-			t.Run("WithFencing", func(t *testing.T) { require.Empty(t, locktest.DrawingHolders(t, n, iters, lock)) })
-			t.Run("without", func(t *testing.T) { locktest.FullPoolDraws(t, n, lock) })
+			t.Run("WithFencing", func(t *testing.T) {
+				require.Empty(t, locktest.DrawingHolders(t, int(n), iters, drawer(newPool(t, url, "", n))))
+			})
+			// Without WithFencing, holders that fill the pool: at most as
+			// many as PgBouncer's server connections, which they all keep.
+			t.Run("without", func(t *testing.T) { locktest.FullPoolDraws(t, 4, drawer(newPool(t, url, "", 4))) })
 		})
 	}
 	conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
