@@ -575,27 +575,7 @@ func linkedClients(t *testing.T, admin *sql.DB) map[string]bool {
 // showRows runs an admin console SHOW command.
 func showRows(t *testing.T, admin *sql.DB, cmd string) []map[string]string {
 	t.Helper()
-	rows, err := admin.Query(cmd)
-	require.NoError(t, err)
-	defer rows.Close()
-	cols, err := rows.Columns()
-	require.NoError(t, err)
-	var out []map[string]string
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		require.NoError(t, rows.Scan(ptrs...))
-		row := map[string]string{}
-		for i, c := range cols {
-			row[c] = vals[i].String
-		}
-		out = append(out, row)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return locktest.Rows(t, admin, cmd)
 }
 
 // showPools sums SHOW POOLS columns over the pools of database postgres.

@@ -476,12 +476,28 @@ func RequireDo(t *testing.T, admin *sql.DB, do DoFunc, tryDo TryDoFunc) {
 // admin console is at adminURL: the server connections its clients share.
 func BouncerPoolSize(t testing.TB, adminURL string) int {
 	t.Helper()
-	admin := Open(t, adminURL, 1)
-	rows, err := admin.Query("SHOW CONFIG")
+	for _, row := range Rows(t, Open(t, adminURL, 1), "SHOW CONFIG") {
+		if row["key"] == "default_pool_size" {
+			var n int
+			_, err := fmt.Sscan(row["value"], &n)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatal("SHOW CONFIG has no default_pool_size")
+	return 0
+}
+
+// Rows runs query on db and returns its rows, each as column name to text
+// (NULL as ""): for the PgBouncer admin console's SHOW commands.
+func Rows(t testing.TB, db *sql.DB, query string) []map[string]string {
+	t.Helper()
+	rows, err := db.Query(query)
 	require.NoError(t, err)
 	defer rows.Close()
 	cols, err := rows.Columns()
 	require.NoError(t, err)
+	var out []map[string]string
 	for rows.Next() {
 		vals := make([]sql.NullString, len(cols))
 		ptrs := make([]any, len(cols))
@@ -489,16 +505,14 @@ func BouncerPoolSize(t testing.TB, adminURL string) int {
 			ptrs[i] = &vals[i]
 		}
 		require.NoError(t, rows.Scan(ptrs...))
-		if vals[0].String == "default_pool_size" {
-			var n int
-			_, err := fmt.Sscan(vals[1].String, &n)
-			require.NoError(t, err)
-			return n
+		row := map[string]string{}
+		for i, c := range cols {
+			row[c] = vals[i].String
 		}
+		out = append(out, row)
 	}
 	require.NoError(t, rows.Err())
-	t.Fatal("SHOW CONFIG has no default_pool_size")
-	return 0
+	return out
 }
 
 // DrawSession is what pg_stat_activity shows of the connection WithFencing
