@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -407,7 +408,7 @@ func TestFencedPausedHolder(t *testing.T) {
 		"TXLOCK_CHILD_TABLE="+ft.Name,
 	)
 	cmd.Stderr = os.Stderr
-	stdin, next := runChild(t, cmd)
+	stdin, next := locktest.RunChild(t, cmd)
 
 	// 1. A acquires with a 1s hold bound, takes its token, and is frozen.
 	line := next()

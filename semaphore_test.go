@@ -1,14 +1,11 @@
 package txlock_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -49,15 +46,6 @@ func TestSemaphore(t *testing.T) {
 	}
 }
 
-// slotSQL is SlotKey's documented SQL for a key of either kind.
-func slotSQL(k txlock.Key, i int) string {
-	if a, b, ok := k.Pair(); ok {
-		return fmt.Sprintf(`('x' || left(encode(sha256('\x02'::bytea || int4send(%d) || int4send(%d) || int4send(%d)), 'hex'), 16))::bit(64)::bigint`, a, b, i)
-	}
-	v, _ := k.Int64()
-	return fmt.Sprintf(`('x' || left(encode(sha256('\x01'::bytea || int8send(%d::bigint) || int4send(%d)), 'hex'), 16))::bit(64)::bigint`, v, i)
-}
-
 // SlotKey's documented SQL gives the same keys, for both kinds of key.
 func TestSlotKeySQL(t *testing.T) {
 	db := direct(t)
@@ -70,7 +58,7 @@ func TestSlotKeySQL(t *testing.T) {
 	for _, k := range keys {
 		for _, i := range []int{0, 1, 7, txlock.MaxKeys - 1} {
 			var got int64
-			require.NoError(t, db.QueryRow(`SELECT `+slotSQL(k, i)).Scan(&got))
+			require.NoError(t, db.QueryRow(`SELECT `+locktest.SlotSQL(k, i)).Scan(&got))
 			want, ok := txlock.SlotKey(k, i).Int64()
 			require.True(t, ok)
 			require.Equal(t, want, got, "slot %d of %s", i, k)
@@ -79,162 +67,46 @@ func TestSlotKeySQL(t *testing.T) {
 	assert.NotEqual(t, txlock.SlotKey(txlock.Int64Key(5), 0), txlock.SlotKey(txlock.PairKey(0, 5), 0), "the kinds' slots differ")
 }
 
-// An operator's psql takes two of three slots by hand, with SlotKey's SQL:
-// callers then run one at a time, in the third, until psql lets go.
+// An operator's psql takes two of three slots by hand, with SlotKey's SQL,
+// directly and through PgBouncer: callers then run one at a time, in the
+// third, until psql lets go.
 func TestSemaphoreByHand(t *testing.T) {
-	ctx := context.Background()
-	admin := direct(t)
-	key := txlock.StringKey(uniq(t))
-	name, _ := key.Int64()
-	psql := exec.Command(pgtest.Psql(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", pgtest.Postgres(t))
-	stdin, next := runChild(t, psql)
-	fmt.Fprintf(stdin, "BEGIN;\nSELECT pg_advisory_xact_lock(%s);\nSELECT pg_advisory_xact_lock(%s);\nSELECT 'held';\n",
-		slotSQL(txlock.Int64Key(name), 0), slotSQL(txlock.Int64Key(name), 1))
-	for next() != " held" {
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			db, url := direct(t), pgtest.Postgres(t)
+			if via == "PgBouncer" {
+				db, _ = bouncer(t, "exec")
+				url, _ = pgtest.PgBouncer(t)
+			}
+			with, try := sqlSemaphore(db)
+			locktest.SemaphoreByHand(t, direct(t), url, with, try)
+		})
 	}
-
-	ok, err := txlock.TryWithSemaphore(ctx, admin, key, 2, func(context.Context, *sql.Tx) error {
-		t.Error("fn ran while psql held both slots")
-		return nil
-	})
-	require.NoError(t, err)
-	assert.False(t, ok)
-
-	runs := locktest.NewRuns(t, admin, "txlock_sem_hand")
-	errs := hammer(4, 4, func() error {
-		return txlock.WithSemaphore(ctx, admin, key, 3, func(ctx context.Context, tx *sql.Tx) error {
-			l, _ := txlock.LockFromContext(ctx)
-			return runs.Run(ctx, locktest.SQLTx{Tx: tx}, "w", l.Slot, 5*time.Millisecond)
-		}, txlock.WithTimeout(time.Minute))
-	})
-	require.Empty(t, errs)
-	assert.Equal(t, 1, runs.MaxInside(t, admin, "true"), "holders inside at once beside psql's two")
-	assert.Equal(t, map[string]int{"2": 16}, runs.Count(t, admin, "slot"))
-
-	fmt.Fprintln(stdin, "COMMIT;\nSELECT 'released';")
-	for next() != " released" {
-	}
-	ok, err = txlock.TryWithSemaphore(ctx, admin, key, 1, func(ctx context.Context, _ *sql.Tx) error {
-		l, _ := txlock.LockFromContext(ctx)
-		assert.Zero(t, l.Slot)
-		return nil
-	})
-	require.NoError(t, err)
-	assert.True(t, ok, "slot 0 once psql let go")
-	require.NoError(t, stdin.Close())
 }
 
 // Semaphores across processes: the test binary re-executes itself as
 // holder processes, which get the server's URL from their environment.
-const semChildEnv = "TXLOCK_SEM_CHILD"
-
 func init() {
-	if os.Getenv(semChildEnv) != "" {
-		os.Exit(semChild())
-	}
-}
-
-// semChild runs TXLOCK_SEM_WORKERS workers on the semaphore
-// TXLOCK_CHILD_KEY of TXLOCK_SEM_N slots, recording each hold in
-// TXLOCK_CHILD_TABLE, from a "go" on its stdin until TXLOCK_SEM_FOR has
-// passed; then it prints "done".
-func semChild() int {
-	fail := func(err error) int {
-		fmt.Fprintf(os.Stderr, "semaphore child %d: %v\n", os.Getpid(), err)
-		return 1
-	}
-	db, err := sql.Open("pgx", os.Getenv("TXLOCK_CHILD_URL"))
-	if err != nil {
-		return fail(err)
-	}
-	defer db.Close()
-	workers, _ := strconv.Atoi(os.Getenv("TXLOCK_SEM_WORKERS"))
-	n, _ := strconv.Atoi(os.Getenv("TXLOCK_SEM_N"))
-	d, err := time.ParseDuration(os.Getenv("TXLOCK_SEM_FOR"))
-	if err != nil {
-		return fail(err)
-	}
-	db.SetMaxOpenConns(workers)
-	key := txlock.StringKey(os.Getenv("TXLOCK_CHILD_KEY"))
-	runs := locktest.Runs{Table: os.Getenv("TXLOCK_CHILD_TABLE")}
-	who := strconv.Itoa(os.Getpid())
-	fmt.Println("ready")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return fail(err)
-	}
-	end := time.Now().Add(d)
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	for range workers {
-		wg.Go(func() {
-			for time.Now().Before(end) {
-				err := txlock.WithSemaphore(context.Background(), db, key, n, func(ctx context.Context, tx *sql.Tx) error {
-					l, _ := txlock.LockFromContext(ctx)
-					return runs.Run(ctx, locktest.SQLTx{Tx: tx}, who, l.Slot, 5*time.Millisecond)
-				}, txlock.WithTimeout(time.Minute))
-				if err != nil {
-					errs <- err
-					return
-				}
+	if os.Getenv(locktest.SemaphoreChildEnv) != "" {
+		os.Exit(locktest.SemaphoreChild(func(url string, workers int) (locktest.SemaphoreFunc, func(), error) {
+			db, err := sql.Open("pgx", url)
+			if err != nil {
+				return nil, nil, err
 			}
-		})
+			db.SetMaxOpenConns(workers)
+			with, _ := sqlSemaphore(db)
+			return with, func() { db.Close() }, nil
+		}))
 	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
-		return fail(err)
-	}
-	fmt.Println("done")
-	return 0
 }
 
 // Five processes of three workers each share a semaphore of 3 slots for
-// two seconds: at most 3 inside at once by the server's clock, never two in
-// a slot, and every process and every slot gets a fair share.
+// two seconds, directly and through PgBouncer (locktest's
+// SemaphoresAcrossProcesses says what it checks).
 func TestSemaphoreAcrossProcesses(t *testing.T) {
 	for _, via := range []string{"direct", "PgBouncer"} {
 		t.Run(via, func(t *testing.T) {
-			admin := direct(t)
-			const procs, workers, n = 5, 3, 3
-			runs := locktest.NewRuns(t, admin, "txlock_sem_procs")
-			key := uniq(t)
-			var starts []func() string
-			var stdins []interface{ Write([]byte) (int, error) }
-			for range procs {
-				cmd := exec.Command(os.Args[0])
-				cmd.Env = append(os.Environ(), semChildEnv+"=1", "TXLOCK_CHILD_URL="+childURL(t, via),
-					"TXLOCK_CHILD_KEY="+key, "TXLOCK_CHILD_TABLE="+runs.Table,
-					"TXLOCK_SEM_WORKERS="+strconv.Itoa(workers), "TXLOCK_SEM_N="+strconv.Itoa(n), "TXLOCK_SEM_FOR=2s")
-				cmd.Stderr = os.Stderr
-				stdin, next := runChild(t, cmd)
-				require.Equal(t, "ready", next())
-				starts, stdins = append(starts, next), append(stdins, stdin)
-			}
-			for _, w := range stdins {
-				_, err := w.Write([]byte("go\n"))
-				require.NoError(t, err)
-			}
-			for _, next := range starts {
-				require.Equal(t, "done", next())
-			}
-
-			assert.Equal(t, n, runs.MaxInside(t, admin, "true"), "holders inside at once")
-			assert.Zero(t, runs.SharedSlots(t, admin), "runs that shared a slot")
-			total := 0
-			perProc := runs.Count(t, admin, "who")
-			for _, c := range perProc {
-				total += c
-			}
-			require.Len(t, perProc, procs, "processes that held a slot")
-			for p, c := range perProc {
-				assert.GreaterOrEqual(t, c, total/procs/4, "runs of process %s, of %v", p, perProc)
-			}
-			perSlot := runs.Count(t, admin, "slot")
-			require.Len(t, perSlot, n, "slots used")
-			for s, c := range perSlot {
-				assert.GreaterOrEqual(t, c, total/n/4, "runs in slot %s, of %v", s, perSlot)
-			}
-			t.Logf("%d runs; per process %v; per slot %v", total, perProc, perSlot)
+			locktest.SemaphoresAcrossProcesses(t, direct(t), childURL(t, via))
 		})
 	}
 }

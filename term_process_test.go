@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -149,29 +150,6 @@ func childURL(t *testing.T, via string) string {
 	return url + "&default_query_exec_mode=exec"
 }
 
-// runChild starts cmd, a child process of the test binary, with pipes to
-// its stdin and from its stdout, and stops it (thawed, if frozen) when the
-// test ends. next returns its next line of output, and fails the test if
-// there is none.
-func runChild(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, next func() string) {
-	t.Helper()
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	lines := bufio.NewScanner(stdout)
-	return stdin, func() string {
-		require.True(t, lines.Scan(), "the child's output ended: %v", lines.Err())
-		return lines.Text()
-	}
-}
-
 // startChild starts the test binary as a candidate process in mode.
 func startChild(t *testing.T, mode, url string, env ...string) *exec.Cmd {
 	t.Helper()
@@ -274,7 +252,7 @@ func TestTermStoppedLeader(t *testing.T) {
 			key := uniq(t)
 			const ttl = 2 * time.Second
 			cmd := startChild(t, "stopped", url, "TXLOCK_CHILD_KEY="+key, "TXLOCK_CHILD_TABLE="+table, "TXLOCK_TTL="+ttl.String())
-			stdin, next := runChild(t, cmd)
+			stdin, next := locktest.RunChild(t, cmd)
 			line := next()
 			tokenA, err := strconv.ParseInt(strings.TrimPrefix(line, "token "), 10, 64)
 			require.NoError(t, err, line)

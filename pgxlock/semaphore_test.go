@@ -2,6 +2,7 @@ package pgxlock_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/locktest"
+	"github.com/txlock/txlock/internal/pgtest"
 	"github.com/txlock/txlock/pgxlock"
 )
 
@@ -64,4 +66,58 @@ func pgxSemaphore(pool *pgxpool.Pool) (locktest.SemaphoreFunc, locktest.TrySemap
 		}, func(ctx context.Context, key txlock.Key, n int, fn func(context.Context, locktest.Tx) error, opts ...txlock.Option) (bool, error) {
 			return pgxlock.TryWithSemaphore(ctx, pool, key, n, pgxFn(fn), opts...)
 		}
+}
+
+// An operator's psql takes two of three slots by hand, directly and
+// through PgBouncer (locktest's SemaphoreByHand says what it checks).
+func TestSemaphoreByHand(t *testing.T) {
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			pool, admin := direct(t)
+			url := pgtest.Postgres(t)
+			if via == "PgBouncer" {
+				pool, _, _ = bouncer(t, "exec")
+				url = bouncerURL(t)
+			}
+			with, try := pgxSemaphore(pool)
+			locktest.SemaphoreByHand(t, admin, url, with, try)
+		})
+	}
+}
+
+// Semaphores across processes: the test binary re-executes itself as
+// holder processes, which get the server's URL from their environment.
+// init runs before TestMain, so they start no servers of their own.
+func init() {
+	if os.Getenv(locktest.SemaphoreChildEnv) != "" {
+		os.Exit(locktest.SemaphoreChild(func(url string, workers int) (locktest.SemaphoreFunc, func(), error) {
+			cfg, err := pgxpool.ParseConfig(url)
+			if err != nil {
+				return nil, nil, err
+			}
+			cfg.MaxConns = int32(workers)
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				return nil, nil, err
+			}
+			with, _ := pgxSemaphore(pool)
+			return with, pool.Close, nil
+		}))
+	}
+}
+
+// Five processes of three workers each share a semaphore of 3 slots for
+// two seconds, directly and through PgBouncer (in exec mode, which the
+// checks' own parameterized statements need there).
+func TestSemaphoreAcrossProcesses(t *testing.T) {
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			_, admin := direct(t)
+			url := pgtest.Postgres(t)
+			if via == "PgBouncer" {
+				url = bouncerURL(t) + "&default_query_exec_mode=exec"
+			}
+			locktest.SemaphoresAcrossProcesses(t, admin, url)
+		})
+	}
 }

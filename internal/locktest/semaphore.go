@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"os/exec"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/pgtest"
 )
 
 // Runs records a semaphore's holders: each run of fn writes, in fn's
@@ -192,4 +194,60 @@ func advisoryLocks(t testing.TB, db *sql.DB, pid int) int {
 	var n int
 	require.NoError(t, db.QueryRow(`SELECT count(*) FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1`, pid).Scan(&n))
 	return n
+}
+
+// SlotSQL is SlotKey's documented SQL for slot i of a key of either kind.
+func SlotSQL(k txlock.Key, i int) string {
+	if a, b, ok := k.Pair(); ok {
+		return fmt.Sprintf(`('x' || left(encode(sha256('\x02'::bytea || int4send(%d) || int4send(%d) || int4send(%d)), 'hex'), 16))::bit(64)::bigint`, a, b, i)
+	}
+	v, _ := k.Int64()
+	return fmt.Sprintf(`('x' || left(encode(sha256('\x01'::bytea || int8send(%d::bigint) || int4send(%d)), 'hex'), 16))::bit(64)::bigint`, v, i)
+}
+
+// SemaphoreByHand has an operator's psql, connected to psqlURL, take two of
+// three slots by hand with SlotSQL: a try then finds no slot, and 16 calls
+// of with (4 workers) run one at a time in the third slot until psql lets
+// go; then slot 0 is free. admin reaches the server directly.
+func SemaphoreByHand(t *testing.T, admin *sql.DB, psqlURL string, with SemaphoreFunc, try TrySemaphoreFunc) {
+	t.Helper()
+	ctx := context.Background()
+	key := txlock.StringKey(Uniq(t))
+	name, _ := key.Int64()
+	psql := exec.Command(pgtest.Psql(t), "-X", "-q", "-v", "ON_ERROR_STOP=1", psqlURL)
+	stdin, next := RunChild(t, psql)
+	fmt.Fprintf(stdin, "BEGIN;\nSELECT pg_advisory_xact_lock(%s);\nSELECT pg_advisory_xact_lock(%s);\nSELECT 'held';\n",
+		SlotSQL(txlock.Int64Key(name), 0), SlotSQL(txlock.Int64Key(name), 1))
+	for next() != " held" {
+	}
+
+	ok, err := try(ctx, key, 2, func(context.Context, Tx) error {
+		t.Error("fn ran while psql held both slots")
+		return nil
+	})
+	require.NoError(t, err)
+	assert.False(t, ok)
+
+	runs := NewRuns(t, admin, "txlock_sem_hand")
+	errs := Hammer(4, 4, func() error {
+		return with(ctx, key, 3, func(ctx context.Context, tx Tx) error {
+			l, _ := txlock.LockFromContext(ctx)
+			return runs.Run(ctx, tx, "w", l.Slot, 5*time.Millisecond)
+		}, txlock.WithTimeout(time.Minute))
+	})
+	require.Empty(t, errs)
+	assert.Equal(t, 1, runs.MaxInside(t, admin, "true"), "holders inside at once beside psql's two")
+	assert.Equal(t, map[string]int{"2": 16}, runs.Count(t, admin, "slot"))
+
+	fmt.Fprintln(stdin, "COMMIT;\nSELECT 'released';")
+	for next() != " released" {
+	}
+	ok, err = try(ctx, key, 1, func(ctx context.Context, _ Tx) error {
+		l, _ := txlock.LockFromContext(ctx)
+		assert.Zero(t, l.Slot)
+		return nil
+	})
+	require.NoError(t, err)
+	assert.True(t, ok, "slot 0 once psql let go")
+	require.NoError(t, stdin.Close())
 }
