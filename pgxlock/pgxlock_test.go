@@ -782,28 +782,12 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 // connection.
 func linkedClients(t *testing.T, console *sql.DB) map[string]bool {
 	t.Helper()
-	rows, err := console.Query("SHOW CLIENTS")
-	require.NoError(t, err)
-	defer rows.Close()
-	cols, err := rows.Columns()
-	require.NoError(t, err)
 	out := map[string]bool{}
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		require.NoError(t, rows.Scan(ptrs...))
-		row := map[string]string{}
-		for i, c := range cols {
-			row[c] = vals[i].String
-		}
+	for _, row := range locktest.Rows(t, console, "SHOW CLIENTS") {
 		if row["database"] == "postgres" && row["link"] != "" {
 			out[row["addr"]+":"+row["port"]] = true
 		}
 	}
-	require.NoError(t, rows.Err())
 	return out
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -40,10 +41,10 @@ func TestSyncStandbyFailover(t *testing.T) {
 	url := pgtest.FailoverURL(primary, standby)
 
 	p := openDB(t, primary.URL())
-	rows := queryRows(t, p, "SELECT state, sync_state FROM pg_stat_replication")
+	rows := locktest.Rows(t, p, "SELECT state, sync_state FROM pg_stat_replication")
 	require.Len(t, rows, 1)
 	assert.Equal(t, map[string]string{"state": "streaming", "sync_state": "sync"}, rows[0])
-	rows = queryRows(t, p, "SELECT current_setting('synchronous_commit') AS c")
+	rows = locktest.Rows(t, p, "SELECT current_setting('synchronous_commit') AS c")
 	assert.Equal(t, "on", rows[0]["c"])
 	port, err := serverPort(url)
 	require.NoError(t, err)

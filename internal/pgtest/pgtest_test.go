@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -43,32 +44,6 @@ func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
-}
-
-// queryRows runs query and returns every row as column name -> text value.
-func queryRows(t testing.TB, db *sql.DB, query string) []map[string]string {
-	t.Helper()
-	rows, err := db.QueryContext(ctx(t), query)
-	require.NoError(t, err)
-	defer rows.Close()
-	cols, err := rows.Columns()
-	require.NoError(t, err)
-	var out []map[string]string
-	for rows.Next() {
-		vals := make([]sql.NullString, len(cols))
-		ptrs := make([]any, len(cols))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		require.NoError(t, rows.Scan(ptrs...))
-		row := make(map[string]string, len(cols))
-		for i, c := range cols {
-			row[c] = vals[i].String
-		}
-		out = append(out, row)
-	}
-	require.NoError(t, rows.Err())
-	return out
 }
 
 // ping opens a fresh connection to url and runs a query over it.
@@ -166,7 +141,7 @@ func TestPgBouncer(t *testing.T) {
 
 	adminDB := openDB(t, admin)
 	var found bool
-	for _, row := range queryRows(t, adminDB, "SHOW POOLS") {
+	for _, row := range locktest.Rows(t, adminDB, "SHOW POOLS") {
 		if row["database"] == "postgres" {
 			found = true
 			if mode, ok := row["pool_mode"]; ok {
@@ -188,7 +163,7 @@ func TestClusterCrashRecovery(t *testing.T) {
 	assert.DirExists(t, c.DataDir())
 
 	db := openDB(t, c.URL())
-	rows := queryRows(t, db, "SELECT current_setting('max_connections') AS mc, current_setting('work_mem') AS wm")
+	rows := locktest.Rows(t, db, "SELECT current_setting('max_connections') AS mc, current_setting('work_mem') AS wm")
 	require.Len(t, rows, 1)
 	assert.Equal(t, "50", rows[0]["mc"], "settings override the defaults")
 	assert.Equal(t, "8MB", rows[0]["wm"])
@@ -260,7 +235,7 @@ func TestBouncerKillRestart(t *testing.T) {
 
 	adminDB := openDB(t, b.AdminURL())
 	config := map[string]string{}
-	for _, row := range queryRows(t, adminDB, "SHOW CONFIG") {
+	for _, row := range locktest.Rows(t, adminDB, "SHOW CONFIG") {
 		config[row["key"]] = row["value"]
 	}
 	assert.Equal(t, "2", config["default_pool_size"])
