@@ -28,6 +28,9 @@ cross and a fix, for each check:
                   (some engines have advisory functions that always return true)
   version         the server version, and whether transaction_timeout (17+) exists
   fence sequence  the fencing sequence exists, as bigint, CACHE 1, NO CYCLE, usable
+  replication     fencing tokens survive a failover: a standby that streams
+                  from the server is synchronous (with the fence sequence, on
+                  a primary)
   search_path     no schema comes before pg_catalog
   exec mode       pgx's default_query_exec_mode works here, also behind a
                   transaction pooler
@@ -64,7 +67,7 @@ type serverInfo struct {
 func doctorCmd(ctx context.Context, e *env, args []string) int {
 	fs := newFlags("doctor", "[flags]", doctorAbout)
 	url := fs.String("db", "", "PostgreSQL `URL` (default $DATABASE_URL)")
-	fenceSeq := fs.String("fence-seq", txlock.DefaultFenceSchema+"."+txlock.DefaultFenceSequence, "the fencing sequence `SCHEMA.NAME` (txlock.Fencer's); empty to skip the check when no fencing token is used")
+	fenceSeq := fs.String("fence-seq", txlock.DefaultFenceSchema+"."+txlock.DefaultFenceSequence, "the fencing sequence `SCHEMA.NAME` (txlock.Fencer's); empty to skip the checks of fencing tokens (the sequence, and replication) when none is used")
 	timeout := fs.Duration("timeout", 30*time.Second, "give up on the checks after this long")
 	pos, code, stop := parse(e, fs, args)
 	if stop {
@@ -126,6 +129,9 @@ func (d *doctor) run(ctx context.Context) {
 	d.version(ctx)
 	if d.fenceSQ[1] != "" {
 		d.fenceSequence(ctx)
+		if !d.info.inRecovery {
+			d.replication(ctx)
+		}
 	}
 	d.searchPath(ctx)
 	d.execMode(ctx)
