@@ -25,9 +25,13 @@ var (
 	// The lock ended with that transaction. WithLock does not commit again.
 	ErrFnEndedTx = errors.New("txlock: fn ended the lock's transaction itself (Commit or Rollback); the lock ended with it")
 
-	// ErrHoldTimeout: the lock was held past the WithMaxHold bound, and its
-	// transaction was rolled back.
-	ErrHoldTimeout = errors.New("txlock: lock held past its WithMaxHold bound; transaction rolled back")
+	// ErrHoldTimeout: the lock was held past the WithMaxHold bound. Its
+	// transaction was rolled back, unless the bound ended it during COMMIT:
+	// then the error also matches ErrCommitFailed, and says that the
+	// outcome is unknown. (A COMMIT that waits for a synchronous standby
+	// and is cancelled has committed on the server, though no standby may
+	// have it.)
+	ErrHoldTimeout = errors.New("txlock: lock held past its WithMaxHold bound")
 
 	// ErrCommitFailed: fn succeeded, but committing its transaction failed.
 	// A server error (a deferred constraint, a serialization failure) means

@@ -91,12 +91,12 @@ func (h *holder) end(fnErr error) error {
 			return fnErr
 		}
 		if cause := context.Cause(h.fnCtx); errors.Is(cause, ErrHoldTimeout) {
-			return errors.Join(fnErr, cause)
+			return errors.Join(fnErr, errHoldRolledBack)
 		}
 		if bounded && serverEndedHold(fnErr) {
 			// The server's side of the bound ended the session before the
 			// client's deadline fired.
-			return errors.Join(fnErr, ErrHoldTimeout)
+			return errors.Join(fnErr, errHoldRolledBack)
 		}
 		return fnErr
 	}
@@ -153,10 +153,14 @@ func serverEndedHold(err error) bool {
 func (h *holder) ended() error {
 	cause := context.Cause(h.fnCtx)
 	if errors.Is(cause, ErrHoldTimeout) {
-		return cause
+		return errHoldRolledBack
 	}
 	return fmt.Errorf("txlock: transaction rolled back: %w", cause)
 }
+
+// errHoldRolledBack is ErrHoldTimeout for a transaction that was rolled
+// back.
+var errHoldRolledBack = fmt.Errorf("%w; transaction rolled back", ErrHoldTimeout)
 
 // holdUnlocked runs fn without the lock, through a, once the wait for st's
 // lock timed out (WithFailOpen).

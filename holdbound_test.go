@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -563,4 +564,15 @@ func TestMaxHoldServerFiresFirst(t *testing.T) {
 	assert.Equal(t, "25P03", txlock.SQLState(err), "the server ended the session: %v", err)
 	assert.ErrorIs(t, err, txlock.ErrHoldTimeout)
 	assert.Zero(t, heldBy(t, db, key), "the lock went with the session")
+}
+
+// TestMaxHoldEndsCommitWithoutStandby: a bound that ends a COMMIT waiting
+// for a synchronous standby reports the outcome unknown (locktest's scene).
+func TestMaxHoldEndsCommitWithoutStandby(t *testing.T) {
+	locktest.CommitWithoutStandby(t, func(ctx context.Context, url string, key txlock.Key, stmt string, opts ...txlock.Option) error {
+		return txlock.WithLock(ctx, open(t, url), key, func(ctx context.Context, tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, stmt)
+			return err
+		}, opts...)
+	})
 }

@@ -338,7 +338,7 @@ level=WARN msg="txlock: timed_out" keys="\"orders:42\" bigint(-84760191492583180
 level=DEBUG msg="txlock: wait_started" keys="\"orders:42\" bigint(-8476019149258318077)"
 level=DEBUG msg="txlock: acquired" keys="\"orders:42\" bigint(-8476019149258318077)" attempts=1 waited=0s
 level=WARN msg="txlock: hold_timeout" keys="\"orders:42\" bigint(-8476019149258318077)" held=50ms
-level=WARN msg="txlock: released" keys="\"orders:42\" bigint(-8476019149258318077)" held=50ms committed=false err="txlock: lock held past its WithMaxHold bound; transaction rolled back"
+level=WARN msg="txlock: released" keys="\"orders:42\" bigint(-8476019149258318077)" held=50ms committed=false err="txlock: lock held past its WithMaxHold bound"
 level=ERROR msg="txlock: standby_refused" keys="\"orders:42\" bigint(-8476019149258318077)" attempts=1 waited=0s
 level=DEBUG msg="txlock: token_issued" keys="\"orders:42\" bigint(-8476019149258318077)" token=42 sequence="\"public\".\"txlock_fence_seq\""
 level=WARN msg="txlock: stale_write" table="\"stock\"" token=41 current=42

@@ -982,3 +982,14 @@ func TestTryTimesOutWaitingForConnection(t *testing.T) {
 	assert.ErrorIs(t, err, context.Canceled)
 	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
 }
+
+// TestMaxHoldEndsCommitWithoutStandby: a bound that ends a COMMIT waiting
+// for a synchronous standby reports the outcome unknown (locktest's scene).
+func TestMaxHoldEndsCommitWithoutStandby(t *testing.T) {
+	locktest.CommitWithoutStandby(t, func(ctx context.Context, url string, key txlock.Key, stmt string, opts ...txlock.Option) error {
+		return pgxlock.WithLock(ctx, newPool(t, url, "", 4), key, func(ctx context.Context, tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, stmt)
+			return err
+		}, opts...)
+	})
+}
