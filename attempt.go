@@ -52,7 +52,7 @@ func (a *ownTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	c := a.c
 	stmt := a.stmt
 	if b.window > 0 {
-		stmt = quietWaitStatement(c.spec(a.keys), b.window)
+		stmt = quietWaitStatement(c.spec(a.keys, formOwnTx), b.window)
 	}
 	if b.waitCtx == nil && c.maxHold == 0 && !c.term {
 		if d, ok := ctx.Deadline(); ok && !d.After(b.deadline) {

@@ -68,7 +68,9 @@
 //
 // Every attempt also asks pg_is_in_recovery(). A lock granted on a hot
 // standby would exclude nothing on the primary, so WithLock refuses with
-// ErrStandby and does not run fn.
+// ErrStandby and does not run fn. So it does in a transaction that began
+// on a standby promoted since, which stays read-only (unless WithTxOptions
+// asked for READ ONLY, when that is what was asked for).
 //
 // # PgBouncer and pgx
 //

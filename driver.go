@@ -87,7 +87,7 @@ var _ acquirer = (*driverAcquirer)(nil)
 func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
 	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
 	if b.window > 0 {
-		at.Window, at.Stmt = b.window, quietWaitStatement(d.c.spec(d.keys), b.window)
+		at.Window, at.Stmt = b.window, quietWaitStatement(d.c.spec(d.keys, formOwnTx), b.window)
 		at.Query = d.begin + "; " + at.Stmt
 	}
 	var bounded time.Time // the attempt's bound, if it comes before the wait's deadline
@@ -260,7 +260,7 @@ func (d *driverAcquirer) plan() error {
 		}
 	}
 	if d.stmt == "" { // one allocation: the statement is the query's tail
-		d.query = lockStatement(c.spec(d.keys), formOwnTx, d.begin, "; ")
+		d.query = lockStatement(c.spec(d.keys, formOwnTx), formOwnTx, d.begin, "; ")
 	} else {
 		d.query = d.begin + "; " + d.stmt
 	}

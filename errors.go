@@ -18,7 +18,11 @@ var (
 
 	// ErrStandby: the server is a hot standby (pg_is_in_recovery() is true).
 	// An advisory lock taken there excludes nothing on the primary, so it is
-	// refused and fn does not run.
+	// refused and fn does not run. So is, in a transaction of txlock's own
+	// not begun READ ONLY, a transaction that began while the server was a
+	// standby that has been promoted since: it stays read-only, and fn could
+	// not write in it. The next call, in a new transaction, finds the
+	// primary.
 	ErrStandby = errors.New("txlock: server is a hot standby; a lock there would exclude nothing on the primary")
 
 	// ErrFnEndedTx: fn committed or rolled back the lock's transaction itself.

@@ -2,6 +2,8 @@ package txlock
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -11,7 +13,7 @@ func PgLocksOf(k Key) (classid, objid uint32, objsubid int) { return k.pgLocks()
 
 // LockStatement exposes lockStatement to the external tests.
 func LockStatement(keys []Key, shared bool, maxHold time.Duration, f stmtForm) string {
-	return lockStatement(lockSpec{keys: keys, shared: shared, maxHold: maxHold}, f)
+	return lockStatement(lockSpec{keys: keys, shared: shared, maxHold: maxHold, readWrite: f == formOwnTx}, f)
 }
 
 // QuoteIdent exposes quoteIdent to the external tests.
@@ -66,3 +68,33 @@ const (
 	FormOwnTx    = formOwnTx
 	FormCallerTx = formCallerTx
 )
+
+// OwnTxAttempt runs in tx the statement of an attempt in a transaction of
+// txlock's own, begun READ ONLY or not (readOnly), and returns its outcome
+// as the engine decodes it: "busy", "granted" or "standby". kind is "poll",
+// "semaphore" (keys are its slots) or "server wait".
+func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, readOnly bool) (string, error) {
+	c := &config{}
+	opts := []Option{}
+	if readOnly {
+		opts = append(opts, WithTxOptions(&sql.TxOptions{ReadOnly: true}))
+	}
+	if err := c.init(opts, false); err != nil {
+		return "", err
+	}
+	s := c.spec(keys, formOwnTx)
+	var stmt string
+	switch kind {
+	case "poll":
+		stmt = lockStatement(s, formOwnTx)
+	case "semaphore":
+		c.slots, s.slots = len(keys), true
+		stmt = lockStatement(s, formOwnTx)
+	case "server wait":
+		stmt = quietWaitStatement(s, time.Second)
+	default:
+		return "", fmt.Errorf("OwnTxAttempt: no kind %q", kind)
+	}
+	out, err := (&ownTx{c: c}).result(tx.ExecContext(ctx, stmt))
+	return [...]string{busy: "busy", granted: "granted", standby: "standby", again: "again"}[out], err
+}

@@ -63,7 +63,7 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	}
 	a.one[0] = key
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.stmt = lockStatement(c.spec(a.st.lock.Keys), formCallerTx)
+	a.stmt = lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)
 	c.ev.start(ctx)
 	return lockLoop(ctx, c, c.waitMode(try), a, nil, nil, &a.st)
 }
@@ -90,7 +90,7 @@ func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
 	if b.window <= 0 {
 		return runLockStatement(ctx, a.tx, a.stmt)
 	}
-	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.c.spec(a.st.lock.Keys), b.window, "lock_not_available"))
+	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.c.spec(a.st.lock.Keys, formCallerTx), b.window, "lock_not_available"))
 	if err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return busy, fmt.Errorf("txlock: release savepoint: %w", err)

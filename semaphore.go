@@ -153,7 +153,8 @@ func semaphoreStatement(s lockSpec, prefix ...string) string {
 	for _, x := range prefix {
 		b = append(b, x...)
 	}
-	b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer)"...)
+	b = appendInRecovery(append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN "...), s.readWrite)
+	b = append(b, " THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer)"...)
 	b = appendHoldBound(b, s.maxHold, " THEN 0")
 	afterGrant := s.maxHold > 0 || s.owner != ""
 	if afterGrant {

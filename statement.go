@@ -26,6 +26,9 @@ import (
 //     (one that always returns true) in the lock's place.
 //   - pg_is_in_recovery() is evaluated once, before any lock: a promotion
 //     during the statement cannot make a standby's answer read as a grant.
+//     In txlock's own transaction the test is appendInRecovery's, which
+//     also catches a transaction begun before a promotion. The sketches
+//     below write it as pg_catalog.pg_is_in_recovery().
 //   - A setting that only newer servers have (transaction_timeout, from
 //     PostgreSQL 17) is set only in the THEN of a CASE whose WHEN first
 //     finds it with current_setting(…, true), which is NULL where the
@@ -84,14 +87,15 @@ func lockStatement(s lockSpec, f stmtForm, prefix ...string) string {
 		fn = "pg_catalog.pg_try_advisory_xact_lock_shared("
 	}
 	no, yes, elseYes := " THEN 0", " THEN 1 ELSE 0 END)", " ELSE 1 END)"
-	var buf [1280]byte // one key's statement fits, with a hold bound too: building it costs only the string
+	var buf [1536]byte // one key's statement fits, with a hold bound and BEGIN too: building it costs only the string
 	b := buf[:0]
 	for _, x := range prefix {
 		b = append(b, x...)
 	}
 	if f != formCallerTx {
 		no, yes, elseYes = " THEN false", " THEN true ELSE false END", " ELSE true END"
-		b = append(b, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"...)
+		b = appendInRecovery(append(b, "SELECT 1 WHERE CASE WHEN "...), s.readWrite)
+		b = append(b, " THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"...)
 	} else {
 		b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"...)
 	}
@@ -131,11 +135,40 @@ type lockSpec struct {
 	// statement asks for one, from first (see semaphoreStatement).
 	slots bool
 	first int
+	// readWrite: the transaction is txlock's own, begun without READ ONLY
+	// (see appendInRecovery).
+	readWrite bool
 }
 
-// spec is c's lockSpec for keys.
-func (c *config) spec(keys []Key) lockSpec {
-	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0, first: c.first}
+// spec is c's lockSpec for keys, in a transaction of txlock's own
+// (formOwnTx) or the caller's.
+func (c *config) spec(keys []Key, f stmtForm) lockSpec {
+	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0, first: c.first,
+		readWrite: f == formOwnTx && (c.txOpts == nil || !c.txOpts.ReadOnly)}
+}
+
+// appendInRecovery appends the statements' test for a server in recovery.
+// A transaction that began in recovery stays read-only once a promotion
+// ends it, while pg_is_in_recovery() turns false in it
+// (TestStandbyPromotedMidTransaction): a lock granted there would be one on the
+// primary, in a transaction that cannot write. With readWrite (the
+// transaction is txlock's own, begun without READ ONLY) the test is also
+// true when the transaction is read-only and the session's default is
+// not, which only a beginning in recovery makes so:
+//
+//	(pg_catalog.pg_is_in_recovery() OR (pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'
+//	  AND pg_catalog.current_setting('default_transaction_read_only') OPERATOR(pg_catalog.=) 'off'))
+//
+// A caller's transaction (LockTx), or one begun READ ONLY, may be
+// read-only on purpose, and gets pg_is_in_recovery() alone. (So would a
+// transaction that a DB's own BeginTx made read-only without
+// WithTxOptions: it is refused as a standby's.)
+func appendInRecovery(b []byte, readWrite bool) []byte {
+	if !readWrite {
+		return append(b, "pg_catalog.pg_is_in_recovery()"...)
+	}
+	return append(b, "(pg_catalog.pg_is_in_recovery() OR (pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'"+
+		" AND pg_catalog.current_setting('default_transaction_read_only') OPERATOR(pg_catalog.=) 'off'))"...)
 }
 
 // appendOwner appends, for a holder's label (WithOwner), a CASE branch that
@@ -210,7 +243,8 @@ func waitStatement(s lockSpec, window time.Duration) string {
 	}
 	n += len(s.owner) * 2
 	b := make([]byte, 0, n)
-	b = append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
+	b = appendInRecovery(append(b, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN "...), s.readWrite)
+	b = append(b, " THEN 2"+
 		" WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['repeatable read', 'serializable'])"+
 		" THEN CAST(pg_catalog.set_config('txlock.isolation', pg_catalog.concat('"+isolationMarker+"', pg_catalog.current_setting('transaction_isolation')), true) AS integer)"...)
 	b = appendHoldBound(b, maxHold, " THEN 0")

@@ -229,7 +229,7 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 	if a.keys, err = c.semaphoreKeys(a.keys); err != nil {
 		return false, err
 	}
-	a.stmt = lockStatement(c.spec(a.keys), formOwnTx)
+	a.stmt = lockStatement(c.spec(a.keys, formOwnTx), formOwnTx)
 	c.ev.start(ctx)
 	var t *ticket
 	if !try && !c.shared {

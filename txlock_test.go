@@ -643,6 +643,69 @@ func TestStandbyRefused(t *testing.T) {
 	assert.Zero(t, txlock.Queues())
 }
 
+// TestStandbyPromotedMidTransaction: a transaction begun on a standby stays
+// read-only once the standby is promoted, while pg_is_in_recovery() turns
+// false in it (on a Patroni failover, fn's first write failed with 25006:
+// reliability/ha_test.go). In a transaction of txlock's own, every form of
+// the attempt reports it as a standby's, so that the call is refused
+// (ErrStandby) rather than granted a lock in which fn cannot write; begun
+// READ ONLY, as WithTxOptions can ask, it is granted, as a caller's
+// transaction is (LockTx). A transaction begun after the promotion writes.
+func TestStandbyPromotedMidTransaction(t *testing.T) {
+	primary := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	standby := pgtest.NewSyncStandby(t, primary)
+	db := open(t, standby.URL())
+	ctx := context.Background()
+	begin := func(readOnly bool) *sql.Tx {
+		tx, err := db.BeginTx(ctx, &sql.TxOptions{ReadOnly: readOnly})
+		require.NoError(t, err)
+		t.Cleanup(func() { tx.Rollback() })
+		return tx
+	}
+	type begun struct {
+		kind     string
+		readOnly bool
+		tx       *sql.Tx
+	}
+	var attempts []begun
+	for _, kind := range []string{"poll", "semaphore", "server wait"} {
+		for _, readOnly := range []bool{false, true} {
+			attempts = append(attempts, begun{kind, readOnly, begin(readOnly)})
+		}
+	}
+	probe, caller := begin(false), begin(false)
+	require.NoError(t, standby.Promote())
+
+	var inRecovery bool
+	var readOnly string
+	require.NoError(t, probe.QueryRowContext(ctx, `SELECT pg_is_in_recovery(), current_setting('transaction_read_only')`).Scan(&inRecovery, &readOnly))
+	assert.False(t, inRecovery, "pg_is_in_recovery() in a transaction begun before the promotion")
+	assert.Equal(t, "on", readOnly, "transaction_read_only in it")
+	_, err := probe.ExecContext(ctx, `CREATE TEMP TABLE promoted_probe (v int)`)
+	assert.Equal(t, "25006", txlock.SQLState(err), "a write in it: %v", err)
+
+	for _, a := range attempts {
+		keys := []txlock.Key{txlock.StringKey(uniq(t) + a.kind)}
+		if a.kind == "semaphore" {
+			keys = append(keys, txlock.StringKey(uniq(t)+"slot 2"))
+		}
+		out, err := txlock.OwnTxAttempt(ctx, a.tx, a.kind, keys, a.readOnly)
+		require.NoError(t, err, "%s, begun READ ONLY %v", a.kind, a.readOnly)
+		want := "standby"
+		if a.readOnly {
+			want = "granted"
+		}
+		assert.Equal(t, want, out, "%s, begun READ ONLY %v", a.kind, a.readOnly)
+	}
+	acquired, err := txlock.TryLockTx(ctx, caller, txlock.StringKey(uniq(t)))
+	require.NoError(t, err)
+	assert.True(t, acquired, "LockTx in a caller's transaction begun before the promotion")
+	require.NoError(t, txlock.WithLock(ctx, db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `CREATE TEMP TABLE promoted_after (v int)`)
+		return err
+	}))
+}
+
 // Under REPEATABLE READ the snapshot is taken by the lock statement, an
 // instant before the grant. A racy read-modify-write must still lose nothing:
 // PostgreSQL reports the stale snapshot as 40001, and WithLock re-runs fn.
@@ -901,8 +964,12 @@ func TestLockStatementShape(t *testing.T) {
 	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2"+
 		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN 0"+
 		" WHEN NOT ("+locks+") THEN 0"+txTimeout+" THEN 0 ELSE 1 END)", inTx)
+	// In txlock's own transaction, begun without READ ONLY, a read-only
+	// transaction counts as in recovery (see TestStandbyPromotedMidTransaction).
+	inRecovery := "(pg_catalog.pg_is_in_recovery() OR (pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on'" +
+		" AND pg_catalog.current_setting('default_transaction_read_only') OPERATOR(pg_catalog.=) 'off'))"
 	ownTx := txlock.LockStatement(keys, true, 1500*time.Millisecond, txlock.FormOwnTx)
-	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN "+inRecovery+" THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL"+
 		" WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '1500', true) IS NULL THEN false"+
 		" WHEN NOT ("+locks+") THEN false"+txTimeout+" THEN false ELSE true END", ownTx)
@@ -911,7 +978,7 @@ func TestLockStatementShape(t *testing.T) {
 	assert.Equal(t, "SELECT 1 FROM pg_catalog.generate_series(1, CASE WHEN pg_catalog.pg_is_in_recovery() THEN 2 WHEN "+
 		locks+" THEN 1 ELSE 0 END)", plainInTx)
 	plainOwnTx := txlock.LockStatement(keys, true, 0, txlock.FormOwnTx)
-	assert.Equal(t, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
+	assert.Equal(t, "SELECT 1 WHERE CASE WHEN "+inRecovery+" THEN CAST(pg_catalog.set_config('txlock.in_recovery', "+
 		"'txlock: the server is in recovery, no lock was attempted', true) AS integer) IS NULL WHEN "+
 		locks+" THEN true ELSE false END", plainOwnTx)
 	// The margin is a tenth of the bound, at least 20ms and at most 1s, and
