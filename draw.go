@@ -159,7 +159,22 @@ func (d *drawer) release() {
 	if !last {
 		return
 	}
-	d.use <- struct{}{}
+	select {
+	case d.use <- struct{}{}:
+		d.close()
+	default:
+		// A draw that its caller gave up on still runs (up to
+		// drawTimeout): the connection is closed once it ends, and the
+		// call returns now, within its bounds.
+		go func() {
+			d.use <- struct{}{}
+			d.close()
+		}()
+	}
+}
+
+// close ends the drawer's connection, with d.use taken.
+func (d *drawer) close() {
 	d.mu.Lock()
 	c := d.conn
 	d.conn = nil

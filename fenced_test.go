@@ -573,6 +573,64 @@ func TestNaiveTokenHazard(t *testing.T) {
 	t.Logf("uncommitted nextval %d before the crash, %d after (re-issued: %v)", first, again, again <= first)
 }
 
+// TestTokenCommitWaits: no draw returns a token before its commit is
+// durable where synchronous_standby_names says. With a standby named that
+// never connects, every commit that writes WAL waits; nextval writes WAL
+// only once per 32 values, and a transaction that wrote none before its
+// commit record does not wait, so without a WAL record of its own the
+// draws after the first returned at once, their sequence state on no
+// standby (on a Patroni cut-off, a failover then handed the same tokens
+// out again: reliability/ha_test.go). Each draw must time out instead, with
+// WithFencing and without, and its call return at its bound (WithMaxHold
+// 300ms, given 3s here): WithFencing's call used to wait for the draw's own
+// timeout (10s) before it returned. Once the setting is cleared, draws
+// return again.
+func TestTokenCommitWaits(t *testing.T) {
+	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
+	db := open(t, c.URL())
+	ctx := context.Background()
+	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, db))
+	setStandbys := func(names string) {
+		_, err := db.Exec(`ALTER SYSTEM SET synchronous_standby_names = '` + names + `'`)
+		require.NoError(t, err)
+		_, err = db.Exec(`SELECT pg_reload_conf()`)
+		require.NoError(t, err)
+		require.Eventually(t, func() bool {
+			var got string
+			return db.QueryRow(`SHOW synchronous_standby_names`).Scan(&got) == nil && got == names
+		}, 10*time.Second, 20*time.Millisecond)
+	}
+	setStandbys("txlock_absent")
+	key := txlock.StringKey(uniq(t))
+	draw := func(opts ...txlock.Option) (int64, error) {
+		var token int64
+		err := txlock.WithLock(ctx, db, key, func(ctx context.Context, tx *sql.Tx) error {
+			var err error
+			token, err = txlock.FenceToken(ctx)
+			return err
+		}, append(opts, txlock.WithMaxHold(300*time.Millisecond))...)
+		return token, err
+	}
+	for _, fencing := range []bool{false, true} {
+		var opts []txlock.Option
+		if fencing {
+			opts = append(opts, txlock.WithFencing())
+		}
+		for i := range 3 {
+			t0 := time.Now()
+			token, err := draw(opts...)
+			elapsed := time.Since(t0)
+			assert.Less(t, elapsed, 3*time.Second, "draw %d (WithFencing %v) returned long after its bound", i, fencing)
+			assert.Error(t, err, "draw %d (WithFencing %v) returned token %d with no standby to have it", i, fencing, token)
+			assert.ErrorIs(t, err, txlock.ErrHoldTimeout, "draw %d (WithFencing %v)", i, fencing)
+		}
+	}
+	setStandbys("")
+	token, err := draw()
+	require.NoError(t, err)
+	assert.Positive(t, token)
+}
+
 // connWrapper hides a single *sql.Conn behind a type the package cannot
 // recognise, as an application's wrapper might.
 type connWrapper struct{ *sql.Conn }

@@ -37,9 +37,16 @@ func FenceToken(ctx context.Context) (int64, error) { return Fencer{}.Token(ctx)
 // the same one.
 //
 // How: the token is drawn with nextval on another connection of the pool, in
-// a transaction of its own that commits durably (it is given a transaction
-// id and synchronous_commit is raised to on if it was off or local, so the
-// commit flushes the sequence's WAL). Then the lock's transaction is asked
+// a transaction of its own that commits durably: it writes a WAL record of
+// its own (pg_logical_emit_message), and synchronous_commit is raised to on
+// if it was off or local, so that its commit waits until the WAL, the
+// sequence's included, is flushed and, with synchronous replication,
+// replicated. (A transaction that wrote no WAL before its commit record
+// does not wait at all, and nextval writes WAL only once per 32 values:
+// 31 draws in 32 would otherwise commit at once, even on a primary whose
+// synchronous standby is gone, and a failover, or a crash before the
+// 32nd's commit, would hand those tokens out again:
+// TestTokenCommitWaits.) Then the lock's transaction is asked
 // one statement, which proves it was alive, and so held the lock, until after
 // the draw. A transaction-scoped lock cannot be lost while its transaction
 // lives. Cost: with WithFencing, three round trips, two of them on the
@@ -101,15 +108,14 @@ func drawToken(ctx context.Context, st *lockState, seq string) (int64, error) {
 		return t, nil
 	}
 	var token int64
-	var xid string
 	var drawPID int
 	// Every name is qualified, the sequence's too, and the comparison is
 	// pg_catalog's: no search_path can change what this statement does.
 	err := drawRow(ctx, st, `SELECT pg_catalog.nextval(`+quoteLiteral(seq)+`::pg_catalog.regclass),
-		pg_catalog.pg_current_xact_id()::pg_catalog.text, pg_catalog.pg_backend_pid(),
+		pg_catalog.pg_logical_emit_message(true, 'txlock', 'fencing token')::pg_catalog.text, pg_catalog.pg_backend_pid(),
 		pg_catalog.set_config('synchronous_commit', CASE
 			WHEN pg_catalog.current_setting('synchronous_commit') OPERATOR(pg_catalog.=) ANY (ARRAY['off', 'local']) THEN 'on'
-			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`, &token, &xid, &drawPID, new(string))
+			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`, &token, new(string), &drawPID, new(string))
 	if errors.Is(err, ErrNoToken) {
 		return 0, err
 	}
