@@ -47,7 +47,7 @@
 // The README is the overview: https://github.com/txlock/txlock#readme. Each
 // topic has one guide in docs/: waiting, PgBouncer and pools, pgx and sqlc,
 // keys, fencing, terms, observability, operators (the txlock command),
-// reliability, testing and architecture.
+// reliability, high availability, testing and architecture.
 //
 // # Observing locks
 //

@@ -6,7 +6,8 @@
 #
 #   scripts/deps.sh demo           the PostgreSQL server binaries and PgBouncer;
 #                                  exits 1 when they are missing and cannot be installed
-#   scripts/deps.sh test           those, pg_basebackup (for the hot standby tests) and
+#   scripts/deps.sh test           those, pg_basebackup (for the hot standby tests),
+#                                  Patroni, etcd and HAProxy (for the high-availability tests) and
 #                                  the extra PostgreSQL versions of the version matrix;
 #                                  reports what is still missing and exits 0, so that
 #                                  what can run, runs
@@ -256,6 +257,12 @@ ensure() {
 	fi
 
 	if [ "$mode" = test ]; then
+		have patroni || { apt+=(patroni); lacking+=("Patroni (patroni, for the high-availability tests)"); }
+		have etcd || { apt+=(etcd-server); lacking+=("etcd (etcd-server, for the high-availability tests)"); }
+		have haproxy || [ -x /usr/sbin/haproxy ] || { apt+=(haproxy); lacking+=("HAProxy (haproxy, for the high-availability tests)"); }
+	fi
+
+	if [ "$mode" = test ]; then
 		for entry in "${matrix[@]}"; do
 			matrix_bindir "${entry%%=*}" >/dev/null || want_matrix+=("$entry")
 		done
@@ -288,6 +295,11 @@ ensure() {
 		bouncer=$(find_pgbouncer) || lacking+=("PgBouncer (pgbouncer)")
 		if [ "$mode" = bench ] && ! have redis-server; then
 			lacking+=("redis-server (the benchmark program's Redis)")
+		fi
+		if [ "$mode" = test ]; then
+			have patroni || lacking+=("Patroni (patroni, for the high-availability tests)")
+			have etcd || lacking+=("etcd (etcd-server, for the high-availability tests)")
+			have haproxy || [ -x /usr/sbin/haproxy ] || lacking+=("HAProxy (haproxy, for the high-availability tests)")
 		fi
 	fi
 

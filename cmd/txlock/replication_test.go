@@ -110,3 +110,30 @@ func withUser(t *testing.T, raw, user string) string {
 	u.User = url.User(user)
 	return u.String()
 }
+
+// TestDoctorPatroni runs doctor on a three-node Patroni cluster, through
+// its multi-host URL: with synchronous_mode, Patroni names one standby in
+// synchronous_standby_names, and the check passes; without it, both
+// standbys stream asynchronously, and the check fails with its fix.
+func TestDoctorPatroni(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "synchronous_mode", true: "asynchronous"}[async], func(t *testing.T) {
+			p := pgtest.NewPatroni(t, pgtest.PatroniOptions{Async: async})
+			db := openPool(t, p.URL())
+			require.NoError(t, txlock.Fencer{}.CreateSequence(context.Background(), db))
+			require.Eventually(t, func() bool {
+				var n int
+				return db.QueryRow(`SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'`).Scan(&n) == nil && n == p.Nodes()-1
+			}, time.Minute, 50*time.Millisecond, "both standbys stream")
+			mark, out := replicationLine(t, p.URL())
+			if async {
+				assert.Equal(t, "✗", mark)
+				assert.Regexp(t, `(?m)^✗ replication +2 standbys stream asynchronously \(synchronous_standby_names is empty\)`, out)
+				assert.Regexp(t, `(?m)^ +fix: make a standby synchronous: .*\(with Patroni: synchronous_mode: true\)`, out)
+				return
+			}
+			assert.Equal(t, "✓", mark)
+			assert.Regexp(t, `(?m)^✓ replication +1 of 2 standbys stream synchronously \(synchronous_standby_names "node\d", synchronous_commit on\)`, out)
+		})
+	}
+}

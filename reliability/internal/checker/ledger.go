@@ -144,6 +144,9 @@ type Config struct {
 	CrossKeyPct int           // share of sections that move money between two keys, in percent (default 50; negative means none)
 	Lock        Locker        // how a section takes its keys (default Locked with a 30s timeout)
 	ErrorPause  time.Duration // a worker's pause after a failed call (default 5ms)
+	// Tokens makes each section draw a fencing token first
+	// (txlock.FenceToken), recorded in its Outcome.
+	Tokens bool
 }
 
 // InitialBalance is every account's balance before the run.
@@ -321,6 +324,12 @@ type Outcome struct {
 	// Commit is true when the error came from the commit itself, after fn
 	// returned nil: whether the transaction committed is then unknown.
 	Commit bool
+	// Start and End are when the call began and returned.
+	Start, End time.Time
+	// Token is the fencing token the section drew (Config.Tokens), 0 if
+	// none, and Drawn when the draw returned it.
+	Token int64
+	Drawn time.Time
 }
 
 // Run is a workload running on one pool.
@@ -386,13 +395,21 @@ func (r *Run) worker(seed uint64) {
 			keys = append(keys, r.l.keys[k])
 		}
 		fnDone := false
+		o := Outcome{SID: m.sid, Start: time.Now()}
 		err := r.lock(ctx, keys, func(ctx context.Context, tx sectionTx) error {
+			if r.l.cfg.Tokens {
+				token, err := txlock.FenceToken(ctx)
+				if err != nil {
+					return err
+				}
+				o.Token, o.Drawn = token, time.Now()
+			}
 			err := r.l.section(ctx, tx, m)
 			fnDone = err == nil
 			return err
 		})
 		r.calls.Add(1)
-		o := Outcome{SID: m.sid, Class: Classify(err), Commit: err != nil && fnDone}
+		o.End, o.Class, o.Commit = time.Now(), Classify(err), err != nil && fnDone
 		outcomes = append(outcomes, o)
 		if err == nil {
 			r.acquired.Add(1)
