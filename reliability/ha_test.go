@@ -125,16 +125,19 @@ func logOnFailure(t *testing.T, p *pgtest.Patroni) {
 	})
 }
 
-// namedTime is a fault's name and when it began.
-type namedTime struct {
-	name string
-	at   time.Time
+// faultTimes is one fault of TestHAPatroni: when it began, when a lock
+// was first granted on the new primary, and how long that and the new term
+// took.
+type faultTimes struct {
+	name          string
+	at, granted   time.Time
+	grant, termed time.Duration
 }
 
 // logFailureTimes logs, for each failure class, when its calls ended,
 // counted from the fault before them, so that a failure the test does not
 // expect can be placed.
-func logFailureTimes(t *testing.T, run string, outcomes []checker.Outcome, faults []namedTime) {
+func logFailureTimes(t *testing.T, run string, outcomes []checker.Outcome, faults []faultTimes) {
 	type span struct {
 		n          int
 		first, end time.Duration
@@ -212,18 +215,7 @@ func TestHAPatroni(t *testing.T) {
 	term := leader.nextTerm(t, time.Minute, "before the faults")
 	probeKey := txlock.StringKey("ha probe " + t.Name())
 
-	type faultTimes struct {
-		name          string
-		at, granted   time.Time
-		grant, termed time.Duration
-	}
 	var faults []faultTimes
-	faultStarts := func(fs []faultTimes) (out []namedTime) {
-		for _, f := range fs {
-			out = append(out, namedTime{f.name, f.at})
-		}
-		return out
-	}
 	for _, f := range haFaults {
 		progress("before the " + f.name)
 		primary := p.Primary(ctx)
@@ -258,7 +250,7 @@ func TestHAPatroni(t *testing.T) {
 	for i, r := range runs {
 		s := r.Stop()
 		t.Logf("%v", s)
-		logFailureTimes(t, fmt.Sprintf("run %d", i), s.Outcomes, faultStarts(faults))
+		logFailureTimes(t, fmt.Sprintf("run %d", i), s.Outcomes, faults)
 		requireOnly(t, s, append(connectionFaults, checker.ClassLockTimeout, checker.ClassStandby)...)
 		sums = append(sums, s)
 		outcomes = append(outcomes, s.Outcomes...)
