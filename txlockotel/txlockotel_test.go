@@ -378,7 +378,10 @@ func TestHoldErrors(t *testing.T) {
 	assert.Empty(t, eventNames(holds[0]))
 	assert.Equal(t, codes.Error, holds[1].Status().Code)
 	assert.Equal(t, []string{"txlock.hold_timeout"}, eventNames(holds[1]))
-	assert.GreaterOrEqual(t, holds[1].EndTime().Sub(holds[1].StartTime()), 100*time.Millisecond)
+	// About the bound: the span's start is stamped as the grant is
+	// reported, an instant after the grant that the bound counts from (a
+	// loaded CI machine measured 99.8ms), so it may fall a little short.
+	assert.GreaterOrEqual(t, holds[1].EndTime().Sub(holds[1].StartTime()), 90*time.Millisecond)
 	assert.Equal(t, int64(1), e.metric(t, "txlock.hold_timeouts", billing, exclusive).value)
 	assert.Equal(t, uint64(1), e.metric(t, "txlock.hold.duration", billing, exclusive, outcome("rolled_back")).count)
 	assert.Equal(t, uint64(1), e.metric(t, "txlock.hold.duration", none, exclusive, outcome("rolled_back")).count)
