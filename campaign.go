@@ -33,11 +33,12 @@ func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts 
 		return nil, err
 	}
 	a := &t.own
-	*a = ownTx{c: &t.c, db: db, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), attemptBound: t.hb.TTL}
+	*a = ownTx{c: &t.c, db: db}
+	t.p = plan{a: a, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), bound: t.hb.TTL}
 	var q *ticket
 	if h := queueHandle(db); h != nil && !try {
 		q = &t.q
-		q.key = queueKey{handle: h, stmt: t.queueStmt(a.stmt)}
+		q.key = queueKey{handle: h, stmt: t.queueStmt(t.p.stmt)}
 		a.pool, _ = h.(*sql.DB)
 	}
 	return t.campaign(ctx, a, q, try)
@@ -61,14 +62,15 @@ func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, locke
 		return nil, err
 	}
 	d := &t.drv
-	*d = driverAcquirer{a: a, c: &t.c, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), attemptBound: t.hb.TTL}
-	if err := d.plan(); err != nil {
+	*d = driverAcquirer{a: a, c: &t.c}
+	if err := d.plan(&t.p, []Key{key}, termStatement(key, t.hb.TTL, t.c.owner)); err != nil {
 		return nil, err
 	}
+	t.p.bound = t.hb.TTL
 	var q *ticket
 	if pool := a.Pool(); pool != (driver.PoolKey{}) && !try {
 		q = &t.q
-		q.key = queueKey{handle: pool, stmt: t.queueStmt(d.stmt)}
+		q.key = queueKey{handle: pool, stmt: t.queueStmt(t.p.stmt)}
 	}
 	return t.campaign(ctx, d, q, try)
 }
@@ -102,32 +104,32 @@ func (t *Term) setup(lockerOpts []Option, opts []TermOption) error {
 	return nil
 }
 
-// termAcquirer is a term's acquirer: database/sql's (ownTx) or a driver's
-// (driverAcquirer).
+// termAcquirer is a term's: database/sql's (ownTx) or a driver's
+// (driverAcquirer). The term's plan, t.p, makes the attempts.
 type termAcquirer interface {
-	attempter
-	// granted returns the granted lock and its transaction, and makes it
-	// where st's tokens are confirmed.
-	granted(st *lockState) (*holder, driver.TermTx, error)
+	// granted returns the granted lock's transaction, st.held's, and makes
+	// it where st's tokens are confirmed.
+	granted(st *lockState) (driver.TermTx, error)
 }
 
-func (a *ownTx) granted(st *lockState) (*holder, driver.TermTx, error) {
+func (a *ownTx) granted(st *lockState) (driver.TermTx, error) {
 	st.db, st.tx = a.db, a.held.tx
-	return &a.h, &a.held, nil
+	return &a.held, nil
 }
 
-func (d *driverAcquirer) granted(st *lockState) (*holder, driver.TermTx, error) {
-	tt, ok := d.h.tx.(driver.TermTx)
+func (d *driverAcquirer) granted(st *lockState) (driver.TermTx, error) {
+	tx := st.held.tx
+	tt, ok := tx.(driver.TermTx)
 	if !ok {
-		_ = d.h.tx.Rollback()
-		d.h.tx.Close()
-		return nil, nil, fmt.Errorf("%w: the driver's transaction is no driver.TermTx: the driver supports no terms", ErrInvalidArgument)
+		_ = tx.Rollback()
+		tx.Close()
+		return nil, fmt.Errorf("%w: the driver's transaction is no driver.TermTx: the driver supports no terms", ErrInvalidArgument)
 	}
 	d.sessionOf(st, tt)
-	return &d.h, tt, nil
+	return tt, nil
 }
 
-// campaign waits for the lock with a's attempts, and starts the term.
+// campaign waits for the lock with t.p's attempts, and starts the term.
 func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool) (*Term, error) {
 	c, st := &t.c, &t.st
 	c.ev.start(ctx)
@@ -145,10 +147,13 @@ func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool
 		defer func() { st.draw = nil; d.release() }()
 		st.draw = d
 	}
-	ta := termAttempter{a: a}
-	acquired, err := lockLoop(ctx, c, c.waitMode(try), &ta, nil, q, st)
+	ta := termAttempter{a: t.p.a}
+	p := t.p
+	p.a = &ta
+	acquired, err := lockLoop(ctx, c, c.waitMode(try), &p, nil, q, st)
 	if acquired {
-		t.h, t.tx, err = a.granted(st)
+		t.h = &st.held
+		t.tx, err = a.granted(st)
 	}
 	if !acquired || err != nil {
 		if q != nil {
@@ -166,9 +171,6 @@ func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool
 	}
 	t.queued = q != nil
 	t.start = ta.sent
-	if c.ev.on() {
-		st.grantedAt = t.h.grantedAt
-	}
 	if err := t.begin(ctx); err != nil {
 		t.finish(ctx, err)
 		return nil, err
@@ -250,16 +252,16 @@ var endedCtx = func() context.Context {
 	return ctx
 }()
 
-// termAttempter is a term's attempter: its acquirer's attempts, and the
-// time the last one began, from which the term's expiry counts.
+// termAttempter is a term's attempter: its plan's attempts, and the time
+// the last one began, from which the term's expiry counts.
 type termAttempter struct {
-	a    termAcquirer
+	a    attempter
 	sent time.Time
 }
 
-func (ta *termAttempter) attempt(ctx context.Context, b bound) (outcome, error) {
+func (ta *termAttempter) Attempt(ctx context.Context, r driver.Request) (driver.Result, error) {
 	ta.sent = time.Now()
-	return ta.a.attempt(ctx, b)
+	return ta.a.Attempt(ctx, r)
 }
 
 // begin sets up the granted term: its context, and its fencing token.

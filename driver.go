@@ -3,9 +3,7 @@ package txlock
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/txlock/txlock/driver"
 )
@@ -33,17 +31,17 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	if keys, err = c.semaphoreKeys(keys); err != nil {
 		return false, err
 	}
-	dc.a = driverAcquirer{a: a, c: c, keys: keys}
-	if err := dc.a.plan(); err != nil {
+	dc.a = driverAcquirer{a: a, c: c}
+	if err := dc.a.plan(&dc.p, keys, ""); err != nil {
 		return false, err
 	}
 	c.ev.start(ctx)
 	var t *ticket
 	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
 		t = &dc.t
-		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.a.query, dc.a.begin, "; "), serverWait: c.serverWait != nil, slots: c.slots}
+		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.p.query, dc.p.begin, "; "), serverWait: c.serverWait != nil, slots: c.slots}
 	}
-	return lockLoop(ctx, c, c.waitMode(try), &dc.a, &dc.a, t, &dc.st0)
+	return lockLoop(ctx, c, c.waitMode(try), &dc.p, &dc.a, t, &dc.st0)
 }
 
 // DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction
@@ -63,104 +61,25 @@ func DriverLockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts
 type driverCall struct {
 	c   config
 	a   driverAcquirer
+	p   plan
 	t   ticket
 	st0 lockState
 	one [1]Key
 }
 
-// driverAcquirer is a driver's Acquirer as the lock loop's acquirer.
+// driverAcquirer is what the lock loop's acquirer needs of a driver's
+// Acquirer, whose attempts the loop makes itself (plan.a).
 type driverAcquirer struct {
 	a     driver.Acquirer
 	c     *config
-	keys  []Key
 	begin string // the BEGIN of the call's transactions
-	stmt  string // a polling attempt's lock statement: the WithLock family's, or a term's
-	query string // begin and stmt, in one string
-	h     holder // the granted lock
-	slot  int    // for a semaphore, the slot granted
-	// attemptBound, if not 0, bounds each attempt, as ownTx's does.
-	attemptBound time.Duration
 }
 
 var _ acquirer = (*driverAcquirer)(nil)
 
-func (d *driverAcquirer) attempt(ctx context.Context, b bound) (outcome, error) {
-	at := driver.Request{Begin: d.begin, Stmt: d.stmt, Query: d.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
-	if b.window > 0 {
-		at.Window, at.Stmt = b.window, quietWaitStatement(d.c.spec(d.keys, formOwnTx), b.window)
-		at.Query = d.begin + "; " + at.Stmt
-	}
-	var bounded time.Time // the attempt's bound, if it comes before the wait's deadline
-	if d.attemptBound > 0 {
-		if end := time.Now().Add(d.attemptBound); end.Before(at.Deadline) {
-			parent := at.WaitCtx
-			if parent == nil {
-				parent = ctx
-			}
-			var cancel context.CancelFunc
-			at.WaitCtx, cancel = context.WithDeadline(parent, end)
-			defer cancel()
-			at.Deadline, bounded = end, end
-		}
-	}
-	r, err := d.a.Attempt(ctx, at)
-	if err != nil {
-		if !bounded.IsZero() && !time.Now().Before(bounded) {
-			err = overran(d.attemptBound, err)
-		}
-		return busy, err
-	}
-	tx := r.Tx
-	out := granted
-	switch {
-	case r.Err != nil:
-		if !isNil(tx) { // the contract says it has none; end it anyway
-			_ = tx.Rollback()
-			tx.Close()
-		}
-		// Every error of a statement in a transaction of the call's own,
-		// a window's end and a deadlock among them.
-		return classifyOwn(r.Err)
-	case isNil(tx):
-		return busy, errors.New("txlock: the driver's attempt returned neither a transaction nor an error")
-	default:
-		out, err = d.c.outcome(r.Rows, &d.slot)
-	}
-	switch {
-	case out != granted || err != nil:
-	case ctx.Err() != nil:
-		// ctx ended as the lock was granted: fn must not start.
-		out, err = busy, ctx.Err()
-	case !bounded.IsZero() && !time.Now().Before(bounded):
-		// The grant came after the attempt's bound (the driver cuts the
-		// connection off only a little later): as ownTx does, the attempt
-		// has failed.
-		out, err = busy, overran(d.attemptBound, context.DeadlineExceeded)
-	}
-	if out != granted || err != nil {
-		_ = tx.Rollback()
-		tx.Close()
-		return out, err
-	}
-	// The driver's transaction has no context of its own: fn's statements
-	// end with fn's context, which the hold bound, if any, ends (and the
-	// server's side of the bound ends the session).
-	d.h = holder{tx: tx, txCtx: ctx, fnCtx: ctx}
-	if d.c.ev.on() {
-		d.h.grantedAt = d.c.clock.now()
-	}
-	if d.c.maxHold > 0 {
-		d.h.bound(d.c.maxHold)
-	}
-	return granted, nil
-}
-
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
-	d.sessionOf(st, d.h.tx)
-	if st.ev != nil {
-		st.grantedAt = d.h.grantedAt // before the hold bound started
-	}
-	return d.h.runFn(st, handOn)
+	d.sessionOf(st, st.held.tx)
+	return st.held.runFn(st, handOn)
 }
 
 func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {
@@ -169,7 +88,7 @@ func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error 
 		return err
 	}
 	d.sessionOf(st, tx)
-	h := &holder{tx: tx, txCtx: ctx, fnCtx: ctx}
+	h := newHolder(ctx, tx)
 	return h.runFn(st, nil)
 }
 
@@ -229,16 +148,10 @@ func (d driverDrawConn) exec(ctx context.Context, query string) error { return d
 // (see driver.DrawConn), whatever discard says.
 func (d driverDrawConn) close(bool) { d.c.Close() }
 
-// idleConn reports whether the driver's pool has an idle connection, for
-// the default strategy's window in the server (see config.headWindow).
-func (d *driverAcquirer) idleConn() bool { return d.a.IdleConn() }
-
-func (d *driverAcquirer) grantedSlot() int { return d.slot }
-
-// plan builds what the call sends: its BEGIN, and its polling attempt's
-// lock statement (a term's, or the WithLock family's), and the two in one
-// string.
-func (d *driverAcquirer) plan() error {
+// plan makes p the plan of the call's attempts, on keys: its BEGIN, its
+// polling attempt's lock statement, stmt (a term's) or if stmt is "" the
+// WithLock family's, and the two in one string.
+func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
 	c := d.c
 	d.begin = "BEGIN"
 	if o := c.txOpts; o != nil {
@@ -259,12 +172,13 @@ func (d *driverAcquirer) plan() error {
 			d.begin += " READ ONLY"
 		}
 	}
-	if d.stmt == "" { // one allocation: the statement is the query's tail
-		d.query = lockStatement(c.spec(d.keys, formOwnTx), formOwnTx, d.begin, "; ")
+	*p = plan{a: d.a, keys: keys, begin: d.begin}
+	if stmt == "" { // one allocation: the statement is the query's tail
+		p.query = lockStatement(c.spec(keys, formOwnTx), formOwnTx, d.begin, "; ")
 	} else {
-		d.query = d.begin + "; " + d.stmt
+		p.query = d.begin + "; " + stmt
 	}
-	d.stmt = d.query[len(d.begin)+2:]
+	p.stmt = p.query[len(d.begin)+2:]
 	return nil
 }
 

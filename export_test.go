@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // PgLocksOf exposes Key.pgLocks to the external tests.
@@ -40,13 +42,14 @@ func BenchEvents(b *testing.B, o Observer) {
 	}
 	keys := []Key{Int64Key(1)}
 	a := grantAtOnce{}
+	p := &plan{a: a, keys: keys}
 	b.ReportAllocs()
 	st := &lockState{}
 	for b.Loop() {
 		c.ev = events{o: o}
 		c.ev.start(context.Background())
 		*st = lockState{lock: Lock{Keys: keys, Held: true}}
-		if _, err := lockLoop(context.Background(), c, c.waitMode(false), a, a, nil, st); err != nil {
+		if _, err := lockLoop(context.Background(), c, c.waitMode(false), p, a, nil, st); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -54,10 +57,12 @@ func BenchEvents(b *testing.B, o Observer) {
 
 type grantAtOnce struct{}
 
-func (grantAtOnce) attempt(context.Context, bound) (outcome, error) { return granted, nil }
-func (grantAtOnce) hold(*lockState, func()) error                   { return nil }
-func (grantAtOnce) holdUnlocked(context.Context, *lockState) error  { return nil }
-func (grantAtOnce) pooled() bool                                    { return false }
+func (grantAtOnce) Attempt(context.Context, driver.Request) (driver.Result, error) {
+	return driver.Result{Tx: fakeTx{}, Rows: 1}, nil
+}
+func (grantAtOnce) hold(*lockState, func()) error                  { return nil }
+func (grantAtOnce) holdUnlocked(context.Context, *lockState) error { return nil }
+func (grantAtOnce) pooled() bool                                   { return false }
 
 // AgeTerm makes t's last successful heartbeat look d old, as if the holder
 // had been frozen for d.
@@ -95,6 +100,16 @@ func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, read
 	default:
 		return "", fmt.Errorf("OwnTxAttempt: no kind %q", kind)
 	}
-	out, err := (&ownTx{c: c}).result(tx.ExecContext(ctx, stmt))
+	// As waiter.settle decodes the answer.
+	var out outcome
+	res, err := tx.ExecContext(ctx, stmt)
+	if err != nil {
+		out, err = classifyOwn(err)
+	} else if n, rerr := res.RowsAffected(); rerr != nil {
+		return "", fmt.Errorf("txlock: lock statement result: %w", rerr)
+	} else {
+		var slot int
+		out, err = c.outcome(n, &slot)
+	}
 	return [...]string{busy: "busy", granted: "granted", standby: "standby", again: "again"}[out], err
 }

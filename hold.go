@@ -2,7 +2,6 @@ package txlock
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -21,8 +20,6 @@ type holder struct {
 	cancel   context.CancelCauseFunc // ends txCtx, if the holder made it; else nil
 	stopTie  func() bool             // unties the hold bound from txCtx
 	stopHold context.CancelFunc      // releases the hold bound's context
-	// grantedAt is when the lock was granted, before the hold bound began.
-	grantedAt time.Time
 }
 
 // bound gives fn's context the hold bound d and, if the holder can end
@@ -33,8 +30,8 @@ type holder struct {
 func (h *holder) bound(d time.Duration) {
 	fnCtx, stopHold := context.WithTimeoutCause(h.txCtx, d, ErrHoldTimeout)
 	h.fnCtx, h.stopHold = fnCtx, stopHold
-	// cancel, not h.cancel: the next round's grant overwrites *h while this
-	// may still run.
+	// cancel, not h.cancel: the closure must not read the holder, which
+	// is reused for a term's or a call's later rounds.
 	if cancel := h.cancel; cancel != nil {
 		h.stopTie = context.AfterFunc(fnCtx, func() { cancel(context.Cause(fnCtx)) })
 	}
@@ -217,74 +214,4 @@ func (c *config) released(st *lockState, err error) {
 	}
 	e.Kind, e.Committed, e.Err = Released, err == nil, err
 	c.ev.emit(e)
-}
-
-// sqlHeld is a database/sql transaction as a driver.Tx, and, for a term,
-// a driver.TermTx.
-type sqlHeld struct {
-	tx     *sql.Tx
-	txCtx  context.Context         // the context tx was begun with
-	cancel context.CancelCauseFunc // ends txCtx, if the transaction has a context of its own
-	fn     func(context.Context, *sql.Tx) error
-}
-
-var _ driver.TermTx = (*sqlHeld)(nil)
-
-// Fn implements driver.Tx.
-func (t *sqlHeld) Fn(ctx context.Context) error { return t.fn(ctx, t.tx) }
-
-// Commit implements driver.Tx. database/sql commits under the transaction's
-// own context.
-func (t *sqlHeld) Commit(context.Context) error {
-	err := t.tx.Commit()
-	if errors.Is(err, sql.ErrTxDone) {
-		if t.txCtx.Err() != nil {
-			// database/sql rolls back as the context ends; it does not
-			// say whether fn had ended the transaction first.
-			return errSQLRolledBack
-		}
-		return driver.ErrTxDone
-	}
-	return err
-}
-
-var errSQLRolledBack = fmt.Errorf("%w, unless fn had committed or rolled it back itself before, which database/sql does not tell apart", driver.ErrRolledBack)
-
-// Rollback implements driver.Tx.
-func (t *sqlHeld) Rollback() error {
-	err := t.tx.Rollback()
-	if errors.Is(err, sql.ErrTxDone) {
-		if t.txCtx.Err() != nil {
-			return errSQLRolledBack
-		}
-		return driver.ErrTxDone
-	}
-	return err
-}
-
-// Close implements driver.Tx: an ended database/sql transaction has returned
-// its connection.
-func (t *sqlHeld) Close() {}
-
-// Exec implements driver.TermTx: database/sql closes the connection of a
-// statement whose context ends before its answer.
-func (t *sqlHeld) Exec(ctx context.Context, stmt string) error {
-	_, err := t.tx.ExecContext(ctx, stmt)
-	return err
-}
-
-// RollbackContext implements driver.TermTx. database/sql's ROLLBACK takes no
-// context: when ctx ends first, ending the transaction's own context cuts
-// it off, which rolls back and closes the connection. A transaction begun
-// without a context of its own (t.cancel nil) is not cut off.
-func (t *sqlHeld) RollbackContext(ctx context.Context) error {
-	switch {
-	case t.cancel == nil:
-	case ctx.Err() != nil: // before the rollback: the driver, not this call, ends the transaction
-		t.cancel(context.Cause(ctx))
-	default:
-		stop := context.AfterFunc(ctx, func() { t.cancel(context.Cause(ctx)) })
-		defer stop()
-	}
-	return t.Rollback()
 }

@@ -63,65 +63,66 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	}
 	a.one[0] = key
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.stmt = lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)
+	a.p = plan{a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)}
 	c.ev.start(ctx)
-	return lockLoop(ctx, c, c.waitMode(try), a, nil, nil, &a.st)
+	return lockLoop(ctx, c, c.waitMode(try), &a.p, nil, nil, &a.st)
 }
 
 // callerTx is the attempter of LockTx: each attempt is a statement in the
 // caller's transaction.
 type callerTx struct {
-	c    config
-	tx   driver.Execer
-	stmt string
-	st   lockState // what the lock is, for the loop
-	one  [1]Key
+	c   config
+	tx  driver.Execer
+	p   plan
+	st  lockState // what the lock is, for the loop
+	one [1]Key
 }
 
-// attempt implements attempter. Statements run under ctx, not the wait's
-// context: cancelling a statement closes the connection, which would end
-// the caller's transaction. A server-side wait is bounded by lock_timeout
-// instead, whose end the statement catches (quietWait), and runs in a
-// savepoint, so that a deadlock or a refused isolation level leaves the
-// caller's transaction usable: ROLLBACK TO SAVEPOINT undoes the failed
-// wait (and its set_config), RELEASE SAVEPOINT keeps a granted lock until
-// the transaction ends.
-func (a *callerTx) attempt(ctx context.Context, b bound) (outcome, error) {
-	if b.window <= 0 {
-		return runLockStatement(ctx, a.tx, a.stmt)
+// Attempt implements attempter: r.Stmt, or for a window (r.Window) a wait
+// of its own. Statements run under ctx, not the wait's context: cancelling
+// a statement closes the connection, which would end the caller's
+// transaction. A server-side wait is bounded by lock_timeout instead, whose
+// end the statement catches (quietWait), and runs in a savepoint, so that a
+// deadlock or a refused isolation level leaves the caller's transaction
+// usable: ROLLBACK TO SAVEPOINT undoes the failed wait (and its
+// set_config), RELEASE SAVEPOINT keeps a granted lock until the
+// transaction ends. Its result has no transaction: the lock is the
+// caller's.
+func (a *callerTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, error) {
+	if r.Window <= 0 {
+		return execRows(ctx, a.tx, r.Stmt), nil
 	}
-	out, err := runLockStatement(ctx, a.tx, savepoint+quietWait(a.c.spec(a.st.lock.Keys, formCallerTx), b.window, "lock_not_available"))
-	if err == nil {
+	res := execRows(ctx, a.tx, savepoint+quietWait(a.c.spec(a.st.lock.Keys, formCallerTx), r.Window, "lock_not_available"))
+	if res.Err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
-			return busy, fmt.Errorf("txlock: release savepoint: %w", err)
+			return driver.Result{}, fmt.Errorf("txlock: release savepoint: %w", err)
 		}
-		return out, nil
+		return res, nil
 	}
-	code := SQLState(err)
-	if code != codeLockNotAvailable && code != codeDeadlock && !isIsolationError(err) {
-		return busy, err
+	code := SQLState(res.Err)
+	if code != codeLockNotAvailable && code != codeDeadlock && !isIsolationError(res.Err) {
+		return res, nil
 	}
+	_, err := classify(res.Err) // explained
 	if _, rerr := a.tx.ExecRows(ctx, rollbackToSavepoint); rerr != nil {
-		return busy, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
+		return driver.Result{}, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
 	}
 	switch code {
 	case codeLockNotAvailable:
-		return busy, nil // the window passed
+		return driver.Result{}, nil // the window passed: busy
 	case codeDeadlock:
 		// A deadlock between caller transactions: waiting again would
 		// deadlock again. The caller's transaction is still usable.
-		return busy, fmt.Errorf("txlock: lock %s: %w", keysString(a.st.lock.Keys), err)
+		return driver.Result{}, fmt.Errorf("txlock: lock %s: %w", keysString(a.st.lock.Keys), err)
 	}
 	// The isolation level was refused (see waitStatement). The caller's
 	// transaction is still usable.
-	return busy, err
+	return driver.Result{}, err
 }
 
-// runLockStatement runs a lock statement in tx and decodes its outcome.
-func runLockStatement(ctx context.Context, tx driver.Execer, stmt string) (outcome, error) {
+// execRows runs a lock statement in tx, and returns its answer: its row
+// count, or its error.
+func execRows(ctx context.Context, tx driver.Execer, stmt string) driver.Result {
 	n, err := tx.ExecRows(ctx, stmt)
-	if err != nil {
-		return classify(err)
-	}
-	return rowsOutcome(n)
+	return driver.Result{Rows: n, Err: err}
 }

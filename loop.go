@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // This file is the lock loop (lockLoop): how one call makes attempts until
@@ -14,22 +16,25 @@ import (
 // txlock's own, a driver's, a caller's transaction) plugs in, and an
 // acquirer, an attempter whose granted lock runs fn.
 
-// An attempter makes lock attempts for one call.
+// An attempter makes lock attempts for one call: the driver contract's
+// Attempt (driver.Acquirer), which database/sql's attempts (ownTx,
+// owntx.go), a driver's, and LockTx's (callerTx) all implement. The loop
+// sends each attempt's request (waiter.request) and decides what its answer
+// means (waiter.settle) itself.
 type attempter interface {
-	// attempt makes one attempt within b. Unless it reports granted, it has
-	// let go of every connection it took before it returns. An attempt
-	// must not outlast b.deadline.
-	attempt(ctx context.Context, b bound) (outcome, error)
+	// Attempt makes one attempt within r. Unless it returns a transaction,
+	// it has let go of every connection it took before it returns. An
+	// attempt must not outlast r.Deadline.
+	Attempt(ctx context.Context, r driver.Request) (driver.Result, error)
 }
 
-// An acquirer is an attempter whose granted lock runs fn: the seam of the
-// WithLock family. ownTx (attempt.go) is database/sql's, driverAcquirer
-// (driver.go) a driver's.
+// An acquirer runs fn under a lock its call's attempter was granted: the
+// seam of the WithLock family. ownTx (owntx.go) is database/sql's,
+// driverAcquirer (driver.go) a driver's.
 type acquirer interface {
-	attempter
-	// hold runs fn with the granted lock, with st as its context, then
-	// ends the lock (commit or rollback). handOn, if not nil, runs once fn
-	// has returned, before the lock ends.
+	// hold runs fn with the granted lock, st.held, with st as its
+	// context, then ends the lock (commit or rollback). handOn, if not
+	// nil, runs once fn has returned, before the lock ends.
 	hold(st *lockState, handOn func()) error
 	// holdUnlocked runs fn without the lock, for WithFailOpen.
 	holdUnlocked(ctx context.Context, st *lockState) error
@@ -98,10 +103,10 @@ type realClock struct{}
 func (realClock) now() time.Time                                  { return time.Now() }
 func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
-// lockLoop is the lock algorithm, for every call, in one function. a makes
-// the attempts. For the WithLock family h, the same acquirer, runs fn
-// under the granted lock; for LockTx and a term's campaign h is nil, and
-// the loop ends at the grant: the lock is the caller's to keep.
+// lockLoop is the lock algorithm, for every call, in one function. p says
+// how the attempts are made. For the WithLock family h runs fn under the
+// granted lock; for LockTx and a term's campaign h is nil, and the loop
+// ends at the grant: the lock is the caller's to keep (st.held).
 //
 //   - Wait: attempt until the lock is granted. After a busy attempt, sleep
 //     as the RetryStrategy says (polling), wait in the server again
@@ -120,8 +125,8 @@ func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep
 // The events are reported by the waiter (waiter.event: WaitStarted and Busy
 // as they happen, the wait's end at its exits) and by the hold's end
 // (config.released, config.holdUnlocked).
-func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acquirer, t *ticket, st *lockState) (bool, error) {
-	w := &waiter{c: c, mode: mode, a: a, t: t}
+func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer, t *ticket, st *lockState) (bool, error) {
+	w := &waiter{c: c, mode: mode, p: p, t: t}
 	holding := false // fn runs: if it panics, the lock's end is reported
 	defer func() {   // one defer, which the compiler open-codes
 		if holding {
@@ -147,7 +152,8 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acqu
 	wait:
 		for werr == nil {
 			w.b.window = w.window()
-			out, err := a.attempt(ctx, w.b)
+			r, err := p.a.Attempt(ctx, w.request(ctx))
+			out, err := w.settle(ctx, st, r, err)
 			out, werr = w.sort(ctx, out, err)
 			switch {
 			case werr != nil || out == again:
@@ -203,12 +209,17 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, a attempter, h acqu
 type waiter struct {
 	c     *config
 	mode  waitMode
-	a     attempter
+	p     *plan
 	t     *ticket // the call's place in its local queue, or nil
 	lock  *Lock   // the round's lock
 	start time.Time
 	b     bound   // the next attempt's
 	wc    waitCtx // b.waitCtx, once needed
+	// boundEnd is when the attempt under way must end, if p.bound ends it
+	// before the wait's deadline (else zero), and stopBound releases its
+	// context: see request.
+	boundEnd  time.Time
+	stopBound context.CancelFunc
 	// headWindow: the default's one window as the queue's head
 	// (config.headWindow) is the call's to make; a server that refuses it
 	// is polled for the rest of the wait. headWaited: it was made.
@@ -273,9 +284,6 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 	w.lock.Attempts++
 	switch out {
 	case granted:
-		if w.lock.Slots > 0 {
-			w.lock.Slot = grantedSlot(w.a)
-		}
 		return granted, w.exit(Acquired, nil)
 	case standby:
 		return standby, w.exit(StandbyRefused, fmt.Errorf("%w (lock %s)", ErrStandby, keysString(w.lock.Keys)))
@@ -294,11 +302,8 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 // own (see queue.go); nil if there is none.
 func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn func()) {
 	w.wc.stop()
-	if c := w.c; c.ev.on() {
-		st.grantedAt = c.clock.now() // the acquirer may set the exact moment in hold
-		if c.ev.ctx != ctx {
-			st.obsCtx = c.ev.ctx
-		}
+	if c := w.c; c.ev.on() && c.ev.ctx != ctx {
+		st.obsCtx = c.ev.ctx
 	}
 	t := w.t
 	switch {
@@ -330,7 +335,7 @@ func (w *waiter) window() time.Duration {
 	switch {
 	case w.mode == inServer:
 		d = w.c.serverWait.window()
-	case w.headWindow && !w.headWaited && len(w.lock.Keys) == 1 && t != nil && t.entered() && (w.b.prevEnd == nil || t.q.remote || t.handoffSlow()) && idleConn(w.a):
+	case w.headWindow && !w.headWaited && len(w.lock.Keys) == 1 && t != nil && t.entered() && (w.b.prevEnd == nil || t.q.remote || t.handoffSlow()) && idleConn(w.p.a):
 		d, w.headWaited = DefaultServerWaitWindow, true
 	default:
 		return 0
@@ -433,19 +438,11 @@ func (w *waiter) event(kind EventKind, err error) {
 }
 
 // idleConn reports whether a's pool has an idle connection, which a window
-// in the server takes without opening one or waiting for one.
+// in the server takes without opening one or waiting for one
+// (driver.Acquirer's IdleConn).
 func idleConn(a attempter) bool {
-	p, ok := a.(interface{ idleConn() bool })
-	return ok && p.idleConn()
-}
-
-// grantedSlot is the slot of a semaphore that a's last attempt was granted.
-func grantedSlot(a attempter) int {
-	s, _ := a.(interface{ grantedSlot() int })
-	if s == nil {
-		return 0
-	}
-	return s.grantedSlot()
+	p, ok := a.(interface{ IdleConn() bool })
+	return ok && p.IdleConn()
 }
 
 // waitCtx is the wait's context, made on first use.

@@ -8,8 +8,8 @@ import (
 )
 
 // This file holds every SQL text the lock sends. (Fencing tokens build
-// theirs in token.go, fenced writes in fenced.go, and semaphores in
-// semaphore.go.)
+// theirs in token.go, fenced writes in fenced.go, semaphores in
+// semaphore.go, and terms in heartbeat.go.)
 //
 // Rules every statement here follows:
 //   - It takes no parameters, so pgx sends it with the simple protocol
@@ -428,53 +428,6 @@ func ceilMillis(d time.Duration) int64 {
 func settingMillis(d time.Duration) int64 {
 	return min(ceilMillis(d), math.MaxInt32)
 }
-
-// termStatement builds the statement of a term's attempt (see AcquireTerm):
-// lockStatement's first form for one exclusive key, in txlock's own
-// transaction, which also refuses a transaction above read committed, sets
-// idle_in_transaction_session_timeout to the term's TTL before the lock, and,
-// once the lock is granted, turns off transaction_timeout where the server
-// has it (PostgreSQL 17 and later):
-//
-//	SELECT 1 WHERE CASE
-//	  WHEN pg_catalog.pg_is_in_recovery() THEN ...
-//	  WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['repeatable read', 'serializable'])
-//	    THEN CAST(pg_catalog.set_config('txlock.isolation', pg_catalog.concat('<termIsolationMarker>', <the level>), true) AS integer) IS NULL
-//	  WHEN pg_catalog.set_config('idle_in_transaction_session_timeout', '<ttl ms>', true) IS NULL THEN false
-//	  WHEN NOT (pg_catalog.pg_try_advisory_xact_lock('k'::bigint)) THEN false
-//	  WHEN CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NULL THEN false
-//	    ELSE pg_catalog.set_config('transaction_timeout', '0', true) IS NULL END THEN false
-//	  ELSE true END
-//
-// Above read committed the transaction's snapshot would hold back vacuum for
-// the whole term (backend_xmin stays set); AcquireTerm begins the
-// transaction at read committed, and the isolation branch catches a
-// DB that does not pass that on, where the server's
-// default_transaction_isolation would apply. A transaction_timeout in force
-// (from the server, role, database or connection) is stopped by setting it
-// to 0: a term lasts as long as its heartbeats succeed, and the idle bound
-// ends a frozen one. With a holder's label (WithOwner), a last branch sets
-// application_name, for the whole term (see appendOwner).
-func termStatement(key Key, ttl time.Duration, owner string) string {
-	b := make([]byte, 0, 1024)
-	b = append(b, "SELECT 1 WHERE CASE WHEN pg_catalog.pg_is_in_recovery() THEN CAST(pg_catalog.set_config('txlock.in_recovery', '"+standbyMarker+"', true) AS integer) IS NULL"+
-		" WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) ANY (ARRAY['repeatable read', 'serializable'])"+
-		" THEN CAST(pg_catalog.set_config('txlock.isolation', pg_catalog.concat('"+termIsolationMarker+"', pg_catalog.current_setting('transaction_isolation')), true) AS integer) IS NULL"...)
-	b = appendHoldBound(b, ttl, " THEN false")
-	b = append(b, " WHEN NOT (pg_catalog.pg_try_advisory_xact_lock("...)
-	b = appendSQLArgs(b, key)
-	b = append(b, ")) THEN false"+
-		" WHEN CASE WHEN pg_catalog.current_setting('transaction_timeout', true) IS NULL THEN false"+
-		" ELSE pg_catalog.set_config('transaction_timeout', '0', true) IS NULL END THEN false"...)
-	b = appendOwner(b, owner, " THEN false")
-	b = append(b, " ELSE true END"...)
-	return string(b)
-}
-
-// heartbeatStatement is a term's heartbeat: the shortest statement there
-// is. It names nothing that a search_path could shadow, and every statement
-// restarts the server's idle_in_transaction_session_timeout.
-const heartbeatStatement = "SELECT 1"
 
 // The statements report what is not a lock result through errors whose
 // text carries a marker: a standby (lockStatement in txlock's own

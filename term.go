@@ -70,8 +70,9 @@ type Term struct {
 
 	c   config
 	own ownTx          // the attempts of AcquireTerm, on database/sql
-	drv driverAcquirer // the attempts of DriverTerm, a driver's
-	h   *holder        // the granted lock: own's or drv's
+	drv driverAcquirer // DriverTerm's, a driver's
+	p   plan           // how the campaign's attempts are made
+	h   *holder        // the granted lock: st.held
 	tx  driver.TermTx  // its transaction
 	q   ticket
 	st  lockState   // Context(): the lock, db, tx, and the fencing token

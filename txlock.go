@@ -159,6 +159,8 @@ type lockState struct {
 	// grantedAt is when the lock was granted, for the events' Held: set
 	// only for a call with an Observer.
 	grantedAt time.Time
+	// held is the granted lock and its transaction (see waiter.settle).
+	held holder
 
 	mu     sync.Mutex
 	tokens map[string]int64 // drawn fencing tokens, by sequence
@@ -194,6 +196,7 @@ func stateFrom(ctx context.Context) (*lockState, bool) {
 type call struct {
 	c   config
 	a   ownTx
+	p   plan
 	t   ticket
 	st0 lockState // the first round's fn context
 	one [1]Key
@@ -203,7 +206,7 @@ type call struct {
 // WithLock): keys, or if keys is nil, key.
 func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) error, key Key, keys []Key, try bool, opts []Option) (acquired bool, err error) {
 	cl := &call{}
-	c, a := &cl.c, &cl.a
+	c, a, p := &cl.c, &cl.a, &cl.p
 	*a = ownTx{c: c, db: db, fn: fn}
 	if err := c.init(opts, false); err != nil {
 		return false, err
@@ -215,7 +218,7 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 		return false, fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
 	}
 	if keys != nil {
-		if a.keys, err = canonicalKeys(keys); err != nil {
+		if keys, err = canonicalKeys(keys); err != nil {
 			return false, err
 		}
 	} else {
@@ -223,23 +226,23 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 			return false, err
 		}
 		cl.one[0] = key
-		a.keys = cl.one[:]
+		keys = cl.one[:]
 	}
-	cl.st0.lock = Lock{Keys: a.keys, Shared: c.shared, Held: true, Slots: c.slots}
-	if a.keys, err = c.semaphoreKeys(a.keys); err != nil {
+	cl.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true, Slots: c.slots}
+	if keys, err = c.semaphoreKeys(keys); err != nil {
 		return false, err
 	}
-	a.stmt = lockStatement(c.spec(a.keys, formOwnTx), formOwnTx)
+	*p = plan{a: a, keys: keys, stmt: lockStatement(c.spec(keys, formOwnTx), formOwnTx)}
 	c.ev.start(ctx)
 	var t *ticket
 	if !try && !c.shared {
-		if h := queueHandle(a.db); h != nil {
+		if h := queueHandle(db); h != nil {
 			t = &cl.t
-			t.key = queueKey{handle: h, stmt: c.queueStmt(a.keys, a.stmt), serverWait: c.serverWait != nil, slots: c.slots}
+			t.key = queueKey{handle: h, stmt: c.queueStmt(keys, p.stmt), serverWait: c.serverWait != nil, slots: c.slots}
 			a.pool, _ = h.(*sql.DB)
 		}
 	}
-	return lockLoop(ctx, c, c.waitMode(try), a, a, t, &cl.st0)
+	return lockLoop(ctx, c, c.waitMode(try), p, a, t, &cl.st0)
 }
 
 // nonNilKeys returns keys, or an empty slice for nil: WithLocks with no keys

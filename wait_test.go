@@ -10,6 +10,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -19,6 +20,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // fakeServer is the server's side of one key: who holds it.
@@ -207,7 +210,7 @@ type result struct {
 }
 
 // start runs a call of run in a goroutine.
-func start(ctx context.Context, c *config, a acquirer, t *ticket) <-chan result {
+func start(ctx context.Context, c *config, a fakeAcquirer, t *ticket) <-chan result {
 	done := make(chan result, 1)
 	go func() {
 		ok, err := loopOn(ctx, c, c.waitMode(false), a, testKeys, t)
@@ -541,7 +544,7 @@ func TestWaitServerWaitQueueing(t *testing.T) {
 }
 
 type recordingAttempter struct {
-	a       attempter
+	a       fake
 	windows []time.Duration
 }
 
@@ -873,19 +876,74 @@ func TestSlowHandoff(t *testing.T) {
 	assert.Zero(t, QueueRefs())
 }
 
+// A fake makes a test's attempts: each finds an outcome, given the bound
+// the loop gave it. fakeAttempts makes it an attempter.
+type fake interface {
+	attempt(ctx context.Context, b bound) (outcome, error)
+}
+
+// A fakeAcquirer is a fake that runs fn.
+type fakeAcquirer interface {
+	fake
+	acquirer
+}
+
+// fakeAttempts is a fake as an attempter: its outcomes are answers of the
+// lock statement, in a transaction that ends without a server. The fake's
+// bound is the loop's: prevEnd is the ticket's, which the loop keeps equal
+// to its bound's, even for a window, whose request carries none.
+type fakeAttempts struct {
+	f fake
+	t *ticket
+}
+
+func (a fakeAttempts) Attempt(ctx context.Context, r driver.Request) (driver.Result, error) {
+	b := bound{deadline: r.Deadline, waitCtx: r.WaitCtx, window: r.Window, prevEnd: r.PrevEnd}
+	if a.t != nil {
+		b.prevEnd = a.t.prevEnd
+	}
+	out, err := a.f.attempt(ctx, b)
+	if err != nil {
+		return driver.Result{}, err
+	}
+	switch out {
+	case busy:
+		return driver.Result{Tx: fakeTx{}}, nil
+	case granted:
+		return driver.Result{Tx: fakeTx{}, Rows: 1}, nil
+	case standby:
+		return driver.Result{Tx: fakeTx{}, Rows: 2}, nil
+	}
+	panic(fmt.Sprintf("a fake's attempt found outcome %d", out))
+}
+
+// IdleConn is the fake's idleConn, if it has one.
+func (a fakeAttempts) IdleConn() bool {
+	p, ok := a.f.(interface{ idleConn() bool })
+	return ok && p.idleConn()
+}
+
+// fakeTx is a fake's transaction: the fake's hold runs fn.
+type fakeTx struct{}
+
+func (fakeTx) Fn(context.Context) error     { return nil }
+func (fakeTx) Commit(context.Context) error { return nil }
+func (fakeTx) Rollback() error              { return nil }
+func (fakeTx) Close()                       {}
+
 // loopOn runs lockLoop for keys, from a first round's state of its own: a
 // runs fn if it is an acquirer.
-func loopOn(ctx context.Context, c *config, mode waitMode, a attempter, keys []Key, t *ticket) (bool, error) {
+func loopOn(ctx context.Context, c *config, mode waitMode, a fake, keys []Key, t *ticket) (bool, error) {
 	h, _ := a.(acquirer)
-	return lockLoop(ctx, c, mode, a, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
+	return lockLoop(ctx, c, mode, &plan{a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
 }
 
 // waitOn runs lockLoop's wait alone for lock, whose counts it updates, as
 // LockTx does: the granted lock is kept, and runs no fn. A busy try is
 // errBusy.
-func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a attempter, t *ticket) error {
+func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a fake, t *ticket) error {
 	st := &lockState{lock: *lock}
-	ok, err := lockLoop(ctx, c, mode, a, nil, t, st)
+	ok, err := lockLoop(ctx, c, mode, &plan{a: fakeAttempts{a, t}, keys: lock.Keys}, nil, t, st)
 	*lock = st.lock
 	if !ok && err == nil {
 		return errBusy

@@ -1,0 +1,300 @@
+package txlock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/txlock/txlock/driver"
+)
+
+// ownTx is database/sql's attempter and acquirer, for the WithLock family
+// and terms: each attempt begins a transaction of its own on db and runs
+// the lock statement in it; a busy attempt rolls back, which returns the
+// connection to the pool, and a granted one keeps the transaction for fn.
+// Its Attempt is the driver contract's (driver.Acquirer), as a driver's is.
+type ownTx struct {
+	c    *config
+	db   DB
+	pool *sql.DB // the pool behind db, if the call queues on one; else nil
+	fn   func(context.Context, *sql.Tx) error
+	held sqlHeld // the last attempt's transaction
+}
+
+var (
+	_ attempter = (*ownTx)(nil)
+	_ acquirer  = (*ownTx)(nil)
+)
+
+// maxEarlyBegin bounds how long a caller that was handed its turn before the
+// previous holder's transaction ended holds its begun transaction, and so a
+// connection, while that holder's COMMIT runs (see queue.go).
+const maxEarlyBegin = 50 * time.Millisecond
+
+// Attempt implements attempter. Until the lock is granted, the attempt's
+// transaction is bound to r's deadline and context as well as to ctx, so
+// that a stalled BEGIN or statement ends with the wait (or with the
+// attempt's own bound, a term's TTL, which the request's deadline then is).
+// A grant whose transaction that bound has ended is void: the attempt fails.
+// Any other answer stands.
+//
+// Until the wait has made its context (an uncontended call's first attempt),
+// that bound is a timer, or nothing at all when ctx's own deadline comes
+// first: an uncontended call of a request handler, whose context has a
+// deadline, then begins the transaction with ctx itself, and fn runs under
+// the caller's context. A term never takes that path: its transaction must
+// have a context of its own, which the term's end cancels to cut off a
+// rollback that a partition holds up (see Term.finish).
+func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, error) {
+	c := a.c
+	if r.WaitCtx == nil && c.maxHold == 0 && !c.term {
+		if d, ok := ctx.Deadline(); ok && !d.After(r.Deadline) {
+			tx, err := a.db.BeginTx(ctx, c.txOpts)
+			if err != nil {
+				return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
+			}
+			a.held = sqlHeld{tx: tx, txCtx: ctx, fn: a.fn}
+			return a.result(tx.ExecContext(ctx, r.Stmt))
+		}
+	}
+	txCtx, txCancel := context.WithCancelCause(ctx)
+	tie := tieTo(r, txCancel)
+	tx, err := a.begin(txCtx, r.PrevEnd)
+	if err != nil {
+		tie.untie()
+		txCancel(nil)
+		return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
+	}
+	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
+	res, err := tx.ExecContext(txCtx, r.Stmt)
+	if err == nil && (!tie.untie() || txCtx.Err() != nil) && a.grants(res) {
+		// The deadline or the attempt's bound fired, or ctx ended, as the
+		// lock was granted; database/sql is rolling the transaction back,
+		// and fn must not start.
+		a.held.end()
+		return driver.Result{}, context.DeadlineExceeded
+	}
+	// Once the deadline is untied, txCtx ends only with ctx (or when fn is
+	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
+	// the driver then has no context to watch around each of fn's
+	// statements.
+	tie.untie()
+	return a.result(res, err)
+}
+
+// result is the answer of the attempt's lock statement, whose outcome is
+// its row count (see lockStatement), which database/sql returns as
+// RowsAffected. A failed statement's transaction is rolled back.
+func (a *ownTx) result(res sql.Result, err error) (driver.Result, error) {
+	var n int64
+	if err == nil {
+		if n, err = res.RowsAffected(); err == nil {
+			return driver.Result{Tx: &a.held, Rows: n}, nil
+		}
+		a.held.end()
+		return driver.Result{}, fmt.Errorf("txlock: lock statement result: %w", err)
+	}
+	a.held.end()
+	return driver.Result{Err: err}, nil
+}
+
+// grants reports whether res, a lock statement's answer, grants the lock.
+func (a *ownTx) grants(res sql.Result) bool {
+	n, err := res.RowsAffected()
+	var slot int
+	out, err2 := a.c.outcome(n, &slot)
+	return err == nil && err2 == nil && out == granted
+}
+
+// begin begins an attempt's transaction. If the turn was handed on before
+// the previous holder's transaction ended, it then waits for prevEnd, so
+// that the lock statement finds the lock free; if that takes longer than
+// maxEarlyBegin, it rolls back, waits without a connection, and begins
+// again. When the pool has no idle connection, an early BEGIN would open
+// one, or wait for the holder's: begin then waits first.
+func (a *ownTx) begin(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
+	if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
+		if err := awaitEnd(ctx, prevEnd); err != nil {
+			return nil, err
+		}
+		prevEnd = nil
+	}
+	tx, err := a.db.BeginTx(ctx, a.c.txOpts)
+	if err != nil || prevEnd == nil {
+		return tx, err
+	}
+	t := time.NewTimer(maxEarlyBegin)
+	defer t.Stop()
+	select {
+	case <-prevEnd:
+		return tx, nil
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	_ = tx.Rollback()
+	if err := awaitEnd(ctx, prevEnd); err != nil {
+		return nil, err
+	}
+	return a.db.BeginTx(ctx, a.c.txOpts)
+}
+
+// awaitEnd waits for the end of the previous holder's transaction, or for
+// ctx.
+func awaitEnd(ctx context.Context, end <-chan struct{}) error {
+	select {
+	case <-end:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// hold implements acquirer.
+func (a *ownTx) hold(st *lockState, handOn func()) error {
+	st.db, st.tx = a.db, a.held.tx
+	return st.held.runFn(st, handOn)
+}
+
+// holdUnlocked implements acquirer: fn runs in a transaction of its own,
+// without the lock.
+func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
+	txCtx, txCancel := context.WithCancelCause(ctx)
+	tx, err := a.db.BeginTx(txCtx, a.c.txOpts)
+	if err != nil {
+		txCancel(nil)
+		return fmt.Errorf("txlock: begin: %w", err)
+	}
+	h := &holder{tx: &sqlHeld{tx: tx, txCtx: txCtx, fn: a.fn}, txCtx: txCtx, fnCtx: txCtx, cancel: txCancel}
+	st.db, st.tx = a.db, tx
+	return h.runFn(st, nil)
+}
+
+// IdleConn reports whether the pool the call queues on has an idle
+// connection (see waiter.window), as driver.Acquirer's does.
+func (a *ownTx) IdleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 0 }
+
+// pooled implements acquirer.
+func (a *ownTx) pooled() bool { return a.pool != nil }
+
+// deadlineTie ends an attempt's transaction when the request's deadline
+// passes: an AfterFunc on its context, or, before the wait has one, a timer.
+type deadlineTie struct {
+	timer     *time.Timer
+	stopAfter func() bool
+}
+
+// tieTo ties cancel to r's deadline.
+func tieTo(r driver.Request, cancel context.CancelCauseFunc) deadlineTie {
+	if ctx := r.WaitCtx; ctx != nil {
+		return deadlineTie{stopAfter: context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })}
+	}
+	return deadlineTie{timer: time.AfterFunc(time.Until(r.Deadline), func() { cancel(context.DeadlineExceeded) })}
+}
+
+// untie stops the deadline from ending the transaction, and reports whether
+// it had not already.
+func (t deadlineTie) untie() bool {
+	if t.timer != nil {
+		return t.timer.Stop()
+	}
+	return t.stopAfter()
+}
+
+// sqlTx runs lock statements in a database/sql transaction.
+type sqlTx struct{ tx *sql.Tx }
+
+// ExecRows implements driver.Execer.
+func (t sqlTx) ExecRows(ctx context.Context, stmt string) (int64, error) {
+	res, err := t.tx.ExecContext(ctx, stmt)
+	if err != nil {
+		return 0, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("txlock: lock statement result: %w", err)
+	}
+	return n, nil
+}
+
+// sqlHeld is a database/sql transaction as a driver.Tx, and, for a term,
+// a driver.TermTx.
+type sqlHeld struct {
+	tx     *sql.Tx
+	txCtx  context.Context         // the context tx was begun with
+	cancel context.CancelCauseFunc // ends txCtx, if the transaction has a context of its own
+	fn     func(context.Context, *sql.Tx) error
+}
+
+var _ driver.TermTx = (*sqlHeld)(nil)
+
+// Fn implements driver.Tx.
+func (t *sqlHeld) Fn(ctx context.Context) error { return t.fn(ctx, t.tx) }
+
+// Commit implements driver.Tx. database/sql commits under the transaction's
+// own context.
+func (t *sqlHeld) Commit(context.Context) error {
+	err := t.tx.Commit()
+	if errors.Is(err, sql.ErrTxDone) {
+		if t.txCtx.Err() != nil {
+			// database/sql rolls back as the context ends; it does not
+			// say whether fn had ended the transaction first.
+			return errSQLRolledBack
+		}
+		return driver.ErrTxDone
+	}
+	return err
+}
+
+var errSQLRolledBack = fmt.Errorf("%w, unless fn had committed or rolled it back itself before, which database/sql does not tell apart", driver.ErrRolledBack)
+
+// Rollback implements driver.Tx.
+func (t *sqlHeld) Rollback() error {
+	err := t.tx.Rollback()
+	if errors.Is(err, sql.ErrTxDone) {
+		if t.txCtx.Err() != nil {
+			return errSQLRolledBack
+		}
+		return driver.ErrTxDone
+	}
+	return err
+}
+
+// Close implements driver.Tx: an ended database/sql transaction has returned
+// its connection; Close releases the transaction's own context, if it has
+// one.
+func (t *sqlHeld) Close() {
+	if t.cancel != nil {
+		t.cancel(nil)
+	}
+}
+
+// end rolls back the transaction of an attempt that failed, and closes it.
+func (t *sqlHeld) end() {
+	_ = t.tx.Rollback()
+	t.Close()
+}
+
+// Exec implements driver.TermTx: database/sql closes the connection of a
+// statement whose context ends before its answer.
+func (t *sqlHeld) Exec(ctx context.Context, stmt string) error {
+	_, err := t.tx.ExecContext(ctx, stmt)
+	return err
+}
+
+// RollbackContext implements driver.TermTx. database/sql's ROLLBACK takes no
+// context: when ctx ends first, ending the transaction's own context cuts
+// it off, which rolls back and closes the connection. A transaction begun
+// without a context of its own (t.cancel nil) is not cut off.
+func (t *sqlHeld) RollbackContext(ctx context.Context) error {
+	switch {
+	case t.cancel == nil:
+	case ctx.Err() != nil: // before the rollback: the driver, not this call, ends the transaction
+		t.cancel(context.Cause(ctx))
+	default:
+		stop := context.AfterFunc(ctx, func() { t.cancel(context.Cause(ctx)) })
+		defer stop()
+	}
+	return t.Rollback()
+}
