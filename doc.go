@@ -44,10 +44,12 @@
 //
 // # Guides
 //
-// The README is the overview: https://github.com/txlock/txlock#readme. Each
-// topic has one guide in docs/: waiting, PgBouncer and pools, pgx and sqlc,
-// keys, fencing, terms, observability, operators (the txlock command),
-// reliability, high availability, testing and architecture.
+// The [README] is the overview. Each topic has one guide, the one place
+// where its facts are told: [How waiting works], [PgBouncer and pools],
+// [pgx and sqlc], [Keys and keyspaces], [Fencing],
+// [Terms and leader election], [Observability], [Operators] (the txlock
+// command), [Reliability], [High availability], [Testing] and
+// [Architecture].
 //
 // # Observing locks
 //
@@ -79,9 +81,8 @@
 // statement is created. Settings are made with set_config(…, true), which
 // lasts only until the transaction ends; never with a plain SET, which
 // PgBouncer in transaction mode would leak to other clients. Statements in
-// fn are the application's: behind PgBouncer 1.18 (no prepared statement
-// support) use default_query_exec_mode exec, simple_protocol or
-// cache_describe.
+// fn are the application's: behind PgBouncer 1.18, which has no prepared
+// statements, choose an exec mode as [PgBouncer and pools] says.
 //
 // # Fencing
 //
@@ -129,4 +130,18 @@
 // joined with ErrFnEndedTx or ErrHoldTimeout when fn also ended the transaction
 // or outlived WithMaxHold (see WithLock). SQLState reads a PostgreSQL error
 // code from any of them without importing a driver.
+//
+// [README]: https://github.com/txlock/txlock#readme
+// [How waiting works]: https://github.com/txlock/txlock/blob/main/docs/waiting.md
+// [PgBouncer and pools]: https://github.com/txlock/txlock/blob/main/docs/pgbouncer.md
+// [pgx and sqlc]: https://github.com/txlock/txlock/blob/main/docs/pgx.md
+// [Keys and keyspaces]: https://github.com/txlock/txlock/blob/main/docs/keys.md
+// [Fencing]: https://github.com/txlock/txlock/blob/main/docs/fencing.md
+// [Terms and leader election]: https://github.com/txlock/txlock/blob/main/docs/terms.md
+// [Observability]: https://github.com/txlock/txlock/blob/main/docs/observability.md
+// [Operators]: https://github.com/txlock/txlock/blob/main/docs/operators.md
+// [Reliability]: https://github.com/txlock/txlock/blob/main/docs/reliability.md
+// [High availability]: https://github.com/txlock/txlock/blob/main/docs/ha.md
+// [Testing]: https://github.com/txlock/txlock/blob/main/docs/testing.md
+// [Architecture]: https://github.com/txlock/txlock/blob/main/docs/architecture.md
 package txlock

@@ -1435,3 +1435,93 @@ func ExampleRegistry_On() {
 	fmt.Println(all, err)
 	// Output: [shipping] <nil>
 }
+
+// An Observer for one call: it is told of the wait's start, the grant and
+// the release. (New sets one for every call of a Locker.)
+func ExampleWithObserver() {
+	db := exampleDB()
+	defer db.Close()
+	seen := txlock.ObserverFunc(func(ctx context.Context, e txlock.Event) context.Context {
+		fmt.Println(e.Kind, e.Attempts)
+		return ctx
+	})
+	err := txlock.WithLock(context.Background(), db, txlock.StringKey("example:observed"), func(context.Context, *sql.Tx) error {
+		return nil
+	}, txlock.WithObserver(seen))
+	fmt.Println(err)
+	// Output:
+	// wait_started 0
+	// acquired 1
+	// released 1
+	// <nil>
+}
+
+// Above ReadCommitted the server can refuse a transaction with a
+// serialization failure (40001); the call then runs fn again, in a new
+// transaction under the lock, up to n more times. Here the server refuses
+// the first run.
+func ExampleWithSerializationRetries() {
+	db := exampleDB()
+	defer db.Close()
+	runs := 0
+	err := txlock.WithLock(context.Background(), db, txlock.StringKey("example:serializable"), func(ctx context.Context, tx *sql.Tx) error {
+		runs++
+		if runs == 1 {
+			_, err := tx.ExecContext(ctx, `DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = 'serialization_failure'; END $$`)
+			return err
+		}
+		return nil
+	}, txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}), txlock.WithSerializationRetries(2))
+	fmt.Println(runs, err)
+	// Output: 2 <nil>
+}
+
+// A term whose heartbeat runs every 200ms and which the server ends 1s
+// after the last one, should the holder freeze.
+func ExampleWithHeartbeat() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	if err := (txlock.Fencer{}).CreateSequence(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	term, err := txlock.AcquireTerm(ctx, db, txlock.StringKey("example:heartbeat"),
+		txlock.WithHeartbeat(txlock.Heartbeat{Interval: 200 * time.Millisecond, TTL: time.Second}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(term.Token() > 0)
+	fmt.Println(term.Release(ctx))
+	// Output:
+	// true
+	// <nil>
+}
+
+// The sequence of a service's own tokens, made once at start-up (or by a
+// migration, as migrations/ holds for the default sequence). Making it
+// again is fine.
+func ExampleFencer_CreateSequence() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	orders := txlock.Fencer{Sequence: "example_orders_fence_seq"}
+	fmt.Println(orders.CreateSequence(ctx, db))
+	fmt.Println(orders.CreateSequence(ctx, db))
+	// Output:
+	// <nil>
+	// <nil>
+}
+
+// The registry's table, made once at start-up (or by a migration:
+// Registry.DDL gives the statement). Making it again is fine.
+func ExampleRegistry_Create() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	registry := txlock.Registry{Table: "example_create_keyspaces"}
+	fmt.Println(registry.Create(ctx, db))
+	fmt.Println(registry.Create(ctx, db))
+	// Output:
+	// <nil>
+	// <nil>
+}

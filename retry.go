@@ -145,14 +145,11 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // each key, so one attempt can wait up to Window per key; the wait's
 // deadline still ends it.
 //
-// Callers of one process queue locally first (see the package
-// documentation's "Local queues"), so at most one waiter per key per pool
-// waits in the server, and the server's queue serves the processes in turn.
-// The cost is that this waiter holds a connection, and behind PgBouncer in
-// transaction mode a server connection, while it waits: for at most Window
-// at a time, then it lets go. Waiters for k different busy keys can occupy
-// k connections of a pool for up to Window. Choose it with the pool in mind,
-// or poll (WithRetry), and hold no connection between attempts.
+// Callers of one process queue locally first, so at most one waiter per
+// key per pool waits in the server, holding a connection (behind PgBouncer,
+// a server connection) for at most Window at a time: what that costs a
+// pool, and when to poll instead, is told in "How waiting works":
+// https://github.com/txlock/txlock/blob/main/docs/waiting.md
 //
 // In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves
 // the caller's transaction usable, and a deadlock between caller
@@ -200,8 +197,8 @@ func (s ServerWait) window() time.Duration {
 // first caller of a process's local queue for one key makes one attempt
 // per call a ServerWait window of DefaultServerWaitWindow, when its pool
 // has an idle connection and the transaction is ReadCommitted: what makes
-// the default fair between processes (see the package documentation's
-// "Local queues"). To poll only, pass WithRetry(ExponentialBackoff{}), or
+// the default fair between processes ("How waiting works":
+// https://github.com/txlock/txlock/blob/main/docs/waiting.md). To poll only, pass WithRetry(ExponentialBackoff{}), or
 // any other strategy. (A call without WithRetry uses the default whatever
 // the variable holds: the library knows the default by its type.)
 var DefaultRetry RetryStrategy = defaultRetry{}

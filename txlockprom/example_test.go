@@ -88,3 +88,30 @@ func labels(pairs []*dto.LabelPair) string {
 	}
 	return b.String()
 }
+
+// Buckets sized to the service's own waits and holds; bounds that are not
+// in increasing order are refused.
+func ExampleWithWaitBuckets() {
+	_, err := txlockprom.New(prometheus.NewRegistry(),
+		txlockprom.WithWaitBuckets(0.001, 0.01, 0.1, 1, 5),
+		txlockprom.WithHoldBuckets(0.01, 0.1, 1, 10, 60))
+	fmt.Println(err)
+	_, err = txlockprom.New(prometheus.NewRegistry(), txlockprom.WithHoldBuckets(1, 0.1))
+	fmt.Println(err != nil)
+	// Output:
+	// <nil>
+	// true
+}
+
+// The keyspace label a call's metrics carry: its keyspace's name, or a
+// label that says there is none, or more than one.
+func ExampleKeyspaceLabel() {
+	billing, stock := txlock.NewKeyspace("billing"), txlock.NewKeyspace("stock")
+	fmt.Println(txlockprom.KeyspaceLabel([]txlock.Key{billing.Key("invoice:42")}))
+	fmt.Println(txlockprom.KeyspaceLabel([]txlock.Key{txlock.StringKey("nightly")}) == txlockprom.NoKeyspace)
+	fmt.Println(txlockprom.KeyspaceLabel([]txlock.Key{billing.Key("a"), stock.Key("b")}) == txlockprom.MixedKeyspaces)
+	// Output:
+	// billing
+	// true
+	// true
+}

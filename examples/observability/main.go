@@ -36,11 +36,9 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/examples/internal/exampledb"
-	"github.com/txlock/txlock/txlockprom"
 )
 
 func main() { exampledb.Main("observability", run) }
@@ -94,14 +92,8 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 	db.SetMaxOpenConns(s.workers + 4)
 
 	// The metrics: a registry of the program's own, with txlock's metrics
-	// and a Locker that reports to them.
-	reg := prometheus.NewRegistry()
-	obs, err := txlockprom.New(reg)
-	if err != nil {
-		return err
-	}
-	locker, err := txlock.New(db, txlock.WithObserver(obs),
-		txlock.WithRetry(txlock.ExponentialBackoff{Min: time.Millisecond, Max: 20 * time.Millisecond}))
+	// and a Locker that reports to them (metrics.go).
+	locker, metrics, err := observedLocker(db, prometheus.NewRegistry())
 	if err != nil {
 		return err
 	}
@@ -111,7 +103,7 @@ func run(ctx context.Context, args []string, w io.Writer) error {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", metrics)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }() // returns ErrServerClosed at Shutdown
 	defer srv.Shutdown(context.Background())
