@@ -2,6 +2,7 @@ package pgxlock_test
 
 import (
 	"context"
+	"database/sql"
 	"sync"
 	"testing"
 	"time"
@@ -37,9 +38,20 @@ func TestLockerBadInput(t *testing.T) {
 // A Locker's options reach every method, and a call's own come after them:
 // its Observer is told of each method's events, and a call's
 // WithObserver(nil) silences it. Its WithTimeout bounds a wait for a held
-// key, and a call's overrides it.
+// key, and a call's overrides it. Directly and through PgBouncer.
 func TestLocker(t *testing.T) {
-	pool, admin := direct(t)
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			pool, admin := direct(t)
+			if via == "PgBouncer" {
+				pool, admin, _ = bouncer(t, "exec")
+			}
+			testLocker(t, pool, admin)
+		})
+	}
+}
+
+func testLocker(t *testing.T, pool *pgxpool.Pool, admin *sql.DB) {
 	ctx := context.Background()
 	var mu sync.Mutex
 	var kinds []txlock.EventKind

@@ -116,9 +116,21 @@ func TestTermTerminated(t *testing.T) {
 
 // Lead runs fn with the term, returns fn's error, and releases the term;
 // a loss reaches fn's context, and Lead's error joins it with fn's. The
-// Locker's Lead and a nil fn behave alike.
+// Locker's Lead and a nil fn behave alike. Directly and through PgBouncer.
 func TestLead(t *testing.T) {
-	pool, admin := termPool(t, pgtest.Postgres(t), "")
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			url, mode := pgtest.Postgres(t), ""
+			if via == "PgBouncer" {
+				url, mode = bouncerURL(t), "exec"
+			}
+			pool, admin := termPool(t, url, mode)
+			testLead(t, pool, admin)
+		})
+	}
+}
+
+func testLead(t *testing.T, pool *pgxpool.Pool, admin *sql.DB) {
 	ctx := context.Background()
 	key := txlock.StringKey(uniq(t))
 	fnErr := errors.New("fn's error")
