@@ -140,10 +140,11 @@ func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool
 	if c.fencing {
 		// The term's start draws its token: set the draw's connection
 		// aside while the campaign holds nothing (see WithFencing).
-		d, err := reserveFor(ctx, c, st.lock.Keys, a)
+		d, reserved, err := reserveFor(ctx, c, st.lock.Keys, a)
 		if err != nil {
 			return nil, err
 		}
+		st.reserved = reserved
 		defer func() { st.draw = nil; d.release() }()
 		st.draw = d
 	}

@@ -434,19 +434,20 @@ type drawPooler interface {
 }
 
 // reserveFor sets a draw connection aside for a WithFencing call for keys
-// with acquirer a, before its lock wait. The reservation is part of the
-// wait: it counts against WithTimeout (c.timeout is what is left of it
-// afterwards), and when it cannot finish in time the call ends as a wait
-// does (LockTimeoutError or CanceledError, with no attempt, and the events
-// WaitStarted and TimedOut or Canceled).
-func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, error) {
+// with acquirer a, before its lock wait, and returns it with how long that
+// took. The reservation is part of the wait: it counts against WithTimeout
+// (each round's wait has what is left, see waiter.begin), and when it
+// cannot finish in time the call ends as a wait does (LockTimeoutError or
+// CanceledError, with no attempt, and the events WaitStarted and TimedOut
+// or Canceled).
+func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, time.Duration, error) {
 	p, ok := a.(drawPooler)
 	if !ok {
-		return nil, fmt.Errorf("%w: WithFencing is not supported by this call", ErrInvalidArgument)
+		return nil, 0, fmt.Errorf("%w: WithFencing is not supported by this call", ErrInvalidArgument)
 	}
 	h, open, err := p.drawPool()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	start := c.clock.now()
 	rctx, cancel := context.WithTimeout(ctx, c.timeout)
@@ -455,7 +456,7 @@ func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, err
 	waited := c.clock.now().Sub(start)
 	if err != nil {
 		if rctx.Err() == nil {
-			return nil, err
+			return nil, 0, err
 		}
 		kind, werr := waitEnded(ctx, keys, c.slots, 0, waited)
 		werr = fmt.Errorf("%w (%v)", werr, err)
@@ -463,10 +464,9 @@ func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, err
 			c.ev.emit(Event{Kind: WaitStarted, Keys: keys, Shared: c.shared})
 			c.ev.emit(Event{Kind: kind, Keys: keys, Shared: c.shared, Waited: waited, Err: werr})
 		}
-		return nil, werr
+		return nil, 0, werr
 	}
-	c.timeout = max(c.timeout-waited, time.Millisecond)
-	return d, nil
+	return d, waited, nil
 }
 
 // drawPool implements drawPooler for database/sql.

@@ -247,3 +247,34 @@ func TestDrawPinsItsTransaction(t *testing.T) {
 	assert.Equal(t, "25001", SQLState(err))
 	assert.True(t, c4.discarded.Load())
 }
+
+// slowDraws is a fakeLock whose pool takes reserve to set a draw
+// connection aside, on the fake clock.
+type slowDraws struct {
+	*fakeLock
+	clk     *fakeClock
+	reserve time.Duration
+}
+
+func (s slowDraws) drawPool() (any, func(context.Context) (drawConn, error), error) {
+	return s, func(context.Context) (drawConn, error) {
+		s.clk.advance(s.reserve)
+		return &fakeDrawConn{}, nil
+	}, nil
+}
+
+// Setting the draw connection aside is part of WithFencing's wait: each
+// round's wait has what is left of WithTimeout, and the call's config stays
+// what the options said.
+func TestReservationCountsAgainstTheWait(t *testing.T) {
+	clk := newFakeClock()
+	c := testConfig(t, clk, WithTimeout(time.Second), WithFencing())
+	a := slowDraws{fakeLock: &fakeLock{name: "a", srv: &fakeServer{}}, clk: clk, reserve: 300 * time.Millisecond}
+	start := clk.now()
+	ok, err := loopOn(context.Background(), c, c.waitMode(false), a, testKeys, nil)
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Len(t, a.bounds, 1)
+	assert.Equal(t, start.Add(time.Second), a.bounds[0].deadline, "the wait ends a second after the call began, the reservation included")
+	assert.Equal(t, time.Second, c.timeout, "config is not changed by the call")
+}

@@ -142,7 +142,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 	}()
 	if h != nil && c.fencing {
 		var err error
-		if st.draw, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
+		if st.draw, st.reserved, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
 			return false, err
 		}
 	}
@@ -200,7 +200,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 		w.event(SerializationRetry, err)
 		// Each round has its own state: a context that fn kept from an
 		// earlier round keeps describing that round's lock.
-		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true, Slots: st.lock.Slots}, draw: st.draw}
+		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true, Slots: st.lock.Slots}, draw: st.draw, reserved: st.reserved}
 	}
 }
 
@@ -245,7 +245,11 @@ func (w *waiter) begin(ctx context.Context, st *lockState) error {
 		}
 		return w.ended(ctx)
 	}
-	w.b = bound{deadline: w.start.Add(c.timeout)}
+	timeout := c.timeout
+	if st.reserved > 0 { // what setting a draw connection aside took of it
+		timeout = max(timeout-st.reserved, time.Millisecond)
+	}
+	w.b = bound{deadline: w.start.Add(timeout)}
 	// A ServerWait call queues before its first attempt, which may wait in
 	// the server: only the queue's head should. A polling call does so only
 	// if others are queued already, so as not to overtake them, or, with

@@ -148,8 +148,11 @@ type lockState struct {
 	tx   *sql.Tx // the lock's transaction
 	// sess, for a driver's lock (see driver.go), stands for db and tx.
 	sess driver.Session
-	// draw is the connection WithFencing set aside for draws, or nil.
-	draw *drawer
+	// draw is the connection WithFencing set aside for draws, or nil, and
+	// reserved how long setting it aside took, which counts against each
+	// round's wait (see reserveFor).
+	draw     *drawer
+	reserved time.Duration
 
 	ended atomic.Bool // fn has returned: the lock is gone, or going
 	ev    *events     // the call's events, if it has an observer
