@@ -10,13 +10,64 @@ import (
 )
 
 // This file is the lock loop's side of one attempt, the same for every
-// attempter: what the attempt sends (waiter.request), and what the server's
-// answer means (waiter.settle). An attempter (database/sql's in owntx.go,
+// attempter: what the attempt sends (plan.request), and what the server's
+// answer means (plan.settle). An attempter (database/sql's in owntx.go,
 // a driver's, LockTx's in locktx.go) only carries the request to the
 // server and the answer back.
 
+// An attempter makes lock attempts for one call: the driver contract's
+// Attempt (driver.Acquirer), which database/sql's attempts (ownTx,
+// owntx.go), a driver's, and LockTx's (callerTx) all implement. The loop
+// sends each attempt's request (plan.request) and decides what its answer
+// means (plan.settle) itself.
+type attempter interface {
+	// Attempt makes one attempt within r. Unless it returns a transaction,
+	// it has let go of every connection it took before it returns. An
+	// attempt must not outlast r.Deadline.
+	Attempt(ctx context.Context, r driver.Request) (driver.Result, error)
+}
+
+// outcome is what one attempt found, as the loop decides it.
+type outcome uint8
+
+const (
+	busy    outcome = iota // another session holds a key; nothing is held
+	granted                // every key is held, until the attempt's transaction ends
+	standby                // the server is in recovery; nothing was locked
+	again                  // attempt again at once (waiter.sort)
+)
+
+// bound is what limits one attempt.
+type bound struct {
+	deadline time.Time
+	// waitCtx ends at deadline or with the caller's context. The wait makes
+	// it only once it is needed, for the first sleep or queue: nil until
+	// then, which lets an uncontended call go without it.
+	waitCtx context.Context
+	// window is how long the attempt may wait in the server's lock queue
+	// (ServerWait), never past deadline; 0: it must not wait there.
+	window time.Duration
+	// prevEnd is not nil when the caller ahead in the local queue handed
+	// this call its turn before that caller's transaction ended (see
+	// queue.go): it is closed once that transaction has ended, and a
+	// polling lock statement must not be sent before (see waitFor).
+	prevEnd <-chan struct{}
+}
+
+// waitFor returns the channel an attempt within b waits on before its lock
+// statement: prevEnd for a poll, which must find the lock free; none for a
+// window, which queues behind the holder in the server whenever it is
+// sent, and is granted the moment the holder's transaction ends.
+func (b bound) waitFor() <-chan struct{} {
+	if b.window > 0 {
+		return nil
+	}
+	return b.prevEnd
+}
+
 // plan is how a call's attempts are made, fixed before the first.
 type plan struct {
+	c     *config
 	a     attempter
 	keys  []Key  // the keys the statements lock: for a semaphore, its slots
 	begin string // the BEGIN of a driver's attempts; "" for database/sql's, which begin with BeginTx
@@ -27,46 +78,53 @@ type plan struct {
 	bound time.Duration
 }
 
-// request is the next attempt's, within w.b: the polling statement, or the
+// attemptBound is an attempt's own bound, p.bound, when it ends the attempt
+// before the wait's deadline: its end, and what releases its context. The
+// zero attemptBound is none.
+type attemptBound struct {
+	end  time.Time
+	stop context.CancelFunc
+}
+
+// request is the next attempt's, within b: the polling statement, or the
 // window's (b.window), and the attempt's bounds. With p.bound, the request's
-// deadline and context end at that bound if it comes first; settle releases
-// that context.
-func (w *waiter) request(ctx context.Context) driver.Request {
-	p, b := w.p, w.b
-	r := driver.Request{Begin: p.begin, Stmt: p.stmt, Query: p.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
+// deadline and context end at that bound if it comes first (ab); settle
+// releases that context.
+func (p *plan) request(ctx context.Context, b bound) (r driver.Request, ab attemptBound) {
+	r = driver.Request{Begin: p.begin, Stmt: p.stmt, Query: p.query, Deadline: b.deadline, WaitCtx: b.waitCtx, PrevEnd: b.waitFor()}
 	if b.window > 0 {
 		r.Window = b.window
-		if !w.c.inTx { // LockTx builds its own: see callerTx.Attempt
-			r.Stmt = quietWaitStatement(w.c.spec(p.keys, formOwnTx), b.window)
+		if !p.c.inTx { // LockTx builds its own: see callerTx.Attempt
+			r.Stmt = quietWaitStatement(p.c.spec(p.keys, formOwnTx), b.window)
 			if p.begin != "" {
 				r.Query = p.begin + "; " + r.Stmt
 			}
 		}
 	}
-	w.boundEnd, w.stopBound = time.Time{}, nil
 	if p.bound > 0 {
 		if end := time.Now().Add(p.bound); end.Before(r.Deadline) {
 			parent := r.WaitCtx
 			if parent == nil {
 				parent = ctx
 			}
-			r.WaitCtx, w.stopBound = context.WithDeadline(parent, end)
-			r.Deadline, w.boundEnd = end, end
+			r.WaitCtx, ab.stop = context.WithDeadline(parent, end)
+			r.Deadline, ab.end = end, end
 		}
 	}
-	return r
+	return r, ab
 }
 
 // settle decides what an attempt's answer, r or err, means: granted, busy
 // or standby, or an error that ends the wait. It ends the attempt's
 // transaction unless the lock was granted, which then becomes st.held, with
-// the hold bound, if any, started.
-func (w *waiter) settle(ctx context.Context, st *lockState, r driver.Result, err error) (outcome, error) {
-	c := w.c
-	if w.stopBound != nil {
-		w.stopBound()
+// the hold bound, if any, started; a semaphore's slot granted is
+// st.lock.Slot.
+func (p *plan) settle(ctx context.Context, st *lockState, ab attemptBound, r driver.Result, err error) (outcome, error) {
+	c := p.c
+	if ab.stop != nil {
+		ab.stop()
 	}
-	overran := !w.boundEnd.IsZero() && !time.Now().Before(w.boundEnd)
+	overran := !ab.end.IsZero() && !time.Now().Before(ab.end)
 	tx, out := r.Tx, busy
 	switch {
 	case err != nil:
@@ -99,11 +157,11 @@ func (w *waiter) settle(ctx context.Context, st *lockState, r driver.Result, err
 		if out != granted || err != nil {
 			endTx(tx)
 		} else {
-			w.lock.Slot = slot
+			st.lock.Slot = slot
 		}
 	}
 	if err != nil && overran {
-		err = fmt.Errorf("txlock: the attempt did not return within %v (a term's attempt is bounded by its TTL): the connection may be partitioned, or the server unreachable: %w", w.p.bound, err)
+		err = fmt.Errorf("txlock: the attempt did not return within %v (a term's attempt is bounded by its TTL): the connection may be partitioned, or the server unreachable: %w", p.bound, err)
 	}
 	if out != granted || err != nil {
 		return out, err
@@ -191,4 +249,16 @@ func rowsOutcome(n int64) (outcome, error) {
 		return standby, nil
 	}
 	return busy, fmt.Errorf("txlock: lock statement reported %d rows, want 0, 1 or 2 (the driver must report RowsAffected for SELECT)", n)
+}
+
+// slotsOutcome decodes the row count of a semaphore's lock statement (see
+// semaphoreStatement) of n slots: busy, or granted with the slot held.
+func slotsOutcome(rows int64, n int) (outcome, int, error) {
+	switch {
+	case rows == 0:
+		return busy, 0, nil
+	case rows < 0 || rows > int64(n):
+		return busy, 0, fmt.Errorf("txlock: a semaphore's lock statement reported %d rows, want 0 to %d (the driver must report RowsAffected for SELECT)", rows, n)
+	}
+	return granted, int(rows - 1), nil
 }

@@ -56,7 +56,7 @@ func TestSettle(t *testing.T) {
 		c := testConfig(t, nil, WithRetry(ConstantBackoff{Interval: time.Millisecond}))
 		a := &answers{script: []func(context.Context, driver.Request) (driver.Result, error){rows(0), rows(0), rows(1)}}
 		st := &lockState{lock: Lock{Keys: testKeys}}
-		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{a: a, keys: testKeys}, nil, nil, st)
+		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{c: c, a: a, keys: testKeys}, nil, nil, st)
 		require.NoError(t, err)
 		require.True(t, ok)
 		require.Len(t, a.txs, 3)
@@ -76,7 +76,7 @@ func TestSettle(t *testing.T) {
 			return driver.Result{Tx: &countingTx{}, Rows: 1}, nil
 		}}}
 		st := &lockState{lock: Lock{Keys: testKeys}}
-		ok, err := lockLoop(cctx, c, c.waitMode(false), &plan{a: a, keys: testKeys}, nil, nil, st)
+		ok, err := lockLoop(cctx, c, c.waitMode(false), &plan{c: c, a: a, keys: testKeys}, nil, nil, st)
 		assert.False(t, ok)
 		assert.ErrorIs(t, err, context.Canceled)
 		require.Len(t, a.txs, 1)
@@ -92,7 +92,7 @@ func TestSettle(t *testing.T) {
 			return driver.Result{Tx: &countingTx{}, Rows: 1}, nil
 		}}}
 		st := &lockState{lock: Lock{Keys: testKeys}}
-		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{a: a, keys: testKeys, bound: 20 * time.Millisecond}, nil, nil, st)
+		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{c: c, a: a, keys: testKeys, bound: 20 * time.Millisecond}, nil, nil, st)
 		assert.False(t, ok)
 		assert.True(t, bounded, "the request's context carries the bound")
 		require.Error(t, err)
@@ -106,7 +106,7 @@ func TestSettle(t *testing.T) {
 			return driver.Result{Tx: &countingTx{}}, nil
 		}}}
 		st := &lockState{lock: Lock{Keys: testKeys}}
-		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{a: a, keys: testKeys, bound: 20 * time.Millisecond}, nil, nil, st)
+		ok, err := lockLoop(ctx, c, c.waitMode(false), &plan{c: c, a: a, keys: testKeys, bound: 20 * time.Millisecond}, nil, nil, st)
 		assert.False(t, ok)
 		assert.ErrorIs(t, err, ErrLockTimeout, "a busy answer stands, however late: the wait goes on to its deadline")
 		assert.Greater(t, st.lock.Attempts, 1)
@@ -117,7 +117,7 @@ func TestSettle(t *testing.T) {
 			return driver.Result{Rows: 1}, nil
 		}}}
 		st := &lockState{lock: Lock{Keys: testKeys}}
-		_, err := lockLoop(ctx, c, c.waitMode(false), &plan{a: a, keys: testKeys}, nil, nil, st)
+		_, err := lockLoop(ctx, c, c.waitMode(false), &plan{c: c, a: a, keys: testKeys}, nil, nil, st)
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), "neither a transaction nor an error")
 		assert.False(t, errors.Is(err, ErrLockTimeout))

@@ -34,7 +34,7 @@ func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts 
 	}
 	a := &t.own
 	*a = ownTx{c: &t.c, db: db}
-	t.p = plan{a: a, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), bound: t.hb.TTL}
+	t.p = plan{c: &t.c, a: a, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), bound: t.hb.TTL}
 	var q *ticket
 	if h := queueHandle(db); h != nil && !try {
 		q = &t.q

@@ -172,7 +172,7 @@ func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
 			d.begin += " READ ONLY"
 		}
 	}
-	*p = plan{a: d.a, keys: keys, begin: d.begin}
+	*p = plan{c: c, a: d.a, keys: keys, begin: d.begin}
 	if stmt == "" { // one allocation: the statement is the query's tail
 		p.query = lockStatement(c.spec(keys, formOwnTx), formOwnTx, d.begin, "; ")
 	} else {

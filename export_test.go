@@ -42,7 +42,7 @@ func BenchEvents(b *testing.B, o Observer) {
 	}
 	keys := []Key{Int64Key(1)}
 	a := grantAtOnce{}
-	p := &plan{a: a, keys: keys}
+	p := &plan{c: c, a: a, keys: keys}
 	b.ReportAllocs()
 	st := &lockState{}
 	for b.Loop() {

@@ -9,17 +9,20 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// holder is a transaction that fn runs in, the lock's or WithFailOpen's,
-// with the contexts bound to it. Its runFn method is the commit rules of
-// WithLock, for every driver: a driver.Tx says only how each step reaches
-// the server.
-type holder struct {
-	tx       driver.Tx
-	txCtx    context.Context         // the context the transaction was begun with
-	fnCtx    context.Context         // txCtx, with the hold bound if any
-	cancel   context.CancelCauseFunc // ends txCtx, if the holder made it; else nil
-	stopTie  func() bool             // unties the hold bound from txCtx
-	stopHold context.CancelFunc      // releases the hold bound's context
+// An acquirer runs fn under a lock its call's attempter was granted: the
+// seam of the WithLock family. ownTx (owntx.go) is database/sql's,
+// driverAcquirer (driver.go) a driver's.
+type acquirer interface {
+	// hold runs fn with the granted lock, st.held, with st as its
+	// context, then ends the lock (commit or rollback). handOn, if not
+	// nil, runs once fn has returned, before the lock ends.
+	hold(st *lockState, handOn func()) error
+	// holdUnlocked runs fn without the lock, for WithFailOpen.
+	holdUnlocked(ctx context.Context, st *lockState) error
+	// pooled reports whether the next caller of a local queue can begin
+	// while this call's lock ends: its db is a pool, where each caller has
+	// a connection of its own.
+	pooled() bool
 }
 
 // bound gives fn's context the hold bound d and, if the holder can end

@@ -63,7 +63,7 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	}
 	a.one[0] = key
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.p = plan{a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)}
+	a.p = plan{c: c, a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)}
 	c.ev.start(ctx)
 	return lockLoop(ctx, c, c.waitMode(try), &a.p, nil, nil, &a.st)
 }

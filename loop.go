@@ -5,82 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/txlock/txlock/driver"
 )
 
 // This file is the lock loop (lockLoop): how one call makes attempts until
 // the lock is granted, the deadline passes, or the context ends, then runs
 // fn under the lock. It knows nothing of database/sql: it drives an
-// attempter, the seam through which every way of acquiring (a transaction of
-// txlock's own, a driver's, a caller's transaction) plugs in, and an
-// acquirer, an attempter whose granted lock runs fn.
-
-// An attempter makes lock attempts for one call: the driver contract's
-// Attempt (driver.Acquirer), which database/sql's attempts (ownTx,
-// owntx.go), a driver's, and LockTx's (callerTx) all implement. The loop
-// sends each attempt's request (waiter.request) and decides what its answer
-// means (waiter.settle) itself.
-type attempter interface {
-	// Attempt makes one attempt within r. Unless it returns a transaction,
-	// it has let go of every connection it took before it returns. An
-	// attempt must not outlast r.Deadline.
-	Attempt(ctx context.Context, r driver.Request) (driver.Result, error)
-}
-
-// An acquirer runs fn under a lock its call's attempter was granted: the
-// seam of the WithLock family. ownTx (owntx.go) is database/sql's,
-// driverAcquirer (driver.go) a driver's.
-type acquirer interface {
-	// hold runs fn with the granted lock, st.held, with st as its
-	// context, then ends the lock (commit or rollback). handOn, if not
-	// nil, runs once fn has returned, before the lock ends.
-	hold(st *lockState, handOn func()) error
-	// holdUnlocked runs fn without the lock, for WithFailOpen.
-	holdUnlocked(ctx context.Context, st *lockState) error
-	// pooled reports whether the next caller of a local queue can begin
-	// while this call's lock ends: its db is a pool, where each caller has
-	// a connection of its own.
-	pooled() bool
-}
-
-// outcome is what one attempt found, as the loop decides it.
-type outcome uint8
-
-const (
-	busy    outcome = iota // another session holds a key; nothing is held
-	granted                // every key is held, until the attempt's transaction ends
-	standby                // the server is in recovery; nothing was locked
-	again                  // attempt again at once (waiter.sort)
-)
-
-// bound is what limits one attempt.
-type bound struct {
-	deadline time.Time
-	// waitCtx ends at deadline or with the caller's context. The wait makes
-	// it only once it is needed, for the first sleep or queue: nil until
-	// then, which lets an uncontended call go without it.
-	waitCtx context.Context
-	// window is how long the attempt may wait in the server's lock queue
-	// (ServerWait), never past deadline; 0: it must not wait there.
-	window time.Duration
-	// prevEnd is not nil when the caller ahead in the local queue handed
-	// this call its turn before that caller's transaction ended (see
-	// queue.go): it is closed once that transaction has ended, and a
-	// polling lock statement must not be sent before (see waitFor).
-	prevEnd <-chan struct{}
-}
-
-// waitFor returns the channel an attempt within b waits on before its lock
-// statement: prevEnd for a poll, which must find the lock free; none for a
-// window, which queues behind the holder in the server whenever it is
-// sent, and is granted the moment the holder's transaction ends.
-func (b bound) waitFor() <-chan struct{} {
-	if b.window > 0 {
-		return nil
-	}
-	return b.prevEnd
-}
+// attempter (attempt.go), the seam through which every way of acquiring (a
+// transaction of txlock's own, a driver's, a caller's transaction) plugs in,
+// and an acquirer (hold.go), which runs fn under the granted lock.
 
 // waitMode is how a call waits for a busy lock.
 type waitMode uint8
@@ -91,17 +23,17 @@ const (
 	tryOnce                  // one attempt; a busy lock ends the call with errBusy
 )
 
-// clock is the wait's time seam: the real clock, except in tests.
-type clock interface {
-	now() time.Time
-	// sleep waits for d or until ctx ends, and reports whether d elapsed.
-	sleep(ctx context.Context, d time.Duration) bool
+// waitMode is how a call of these options waits for a busy lock: try
+// makes one attempt.
+func (c *config) waitMode(try bool) waitMode {
+	switch {
+	case try:
+		return tryOnce
+	case c.serverWait != nil:
+		return inServer
+	}
+	return polling
 }
-
-type realClock struct{}
-
-func (realClock) now() time.Time                                  { return time.Now() }
-func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
 // lockLoop is the lock algorithm, for every call, in one function. p says
 // how the attempts are made. For the WithLock family h runs fn under the
@@ -152,8 +84,9 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 	wait:
 		for werr == nil {
 			w.b.window = w.window()
-			r, err := p.a.Attempt(ctx, w.request(ctx))
-			out, err := w.settle(ctx, st, r, err)
+			req, ab := p.request(ctx, w.b)
+			r, err := p.a.Attempt(ctx, req)
+			out, err := p.settle(ctx, st, ab, r, err)
 			out, werr = w.sort(ctx, out, err)
 			switch {
 			case werr != nil || out == again:
@@ -215,11 +148,6 @@ type waiter struct {
 	start time.Time
 	b     bound   // the next attempt's
 	wc    waitCtx // b.waitCtx, once needed
-	// boundEnd is when the attempt under way must end, if p.bound ends it
-	// before the wait's deadline (else zero), and stopBound releases its
-	// context: see request.
-	boundEnd  time.Time
-	stopBound context.CancelFunc
 	// headWindow: the default's one window as the queue's head
 	// (config.headWindow) is the call's to make; a server that refuses it
 	// is polled for the rest of the wait. headWaited: it was made.

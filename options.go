@@ -1,6 +1,7 @@
 package txlock
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -55,17 +56,17 @@ func termOptions(opts []TermOption) []Option {
 	return all
 }
 
-// waitMode is how a call of these options waits for a busy lock: try
-// makes one attempt.
-func (c *config) waitMode(try bool) waitMode {
-	switch {
-	case try:
-		return tryOnce
-	case c.serverWait != nil:
-		return inServer
-	}
-	return polling
+// clock is the wait's time seam: the real clock, except in tests.
+type clock interface {
+	now() time.Time
+	// sleep waits for d or until ctx ends, and reports whether d elapsed.
+	sleep(ctx context.Context, d time.Duration) bool
 }
+
+type realClock struct{}
+
+func (realClock) now() time.Time                                  { return time.Now() }
+func (realClock) sleep(ctx context.Context, d time.Duration) bool { return sleep(ctx, d) }
 
 type config struct {
 	timeout    time.Duration

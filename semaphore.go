@@ -177,15 +177,3 @@ func semaphoreStatement(s lockSpec, prefix ...string) string {
 	}
 	return string(append(b, ')'))
 }
-
-// slotsOutcome decodes the row count of a semaphore's lock statement (see
-// semaphoreStatement) of n slots: busy, or granted with the slot held.
-func slotsOutcome(rows int64, n int) (outcome, int, error) {
-	switch {
-	case rows == 0:
-		return busy, 0, nil
-	case rows < 0 || rows > int64(n):
-		return busy, 0, fmt.Errorf("txlock: a semaphore's lock statement reported %d rows, want 0 to %d (the driver must report RowsAffected for SELECT)", rows, n)
-	}
-	return granted, int(rows - 1), nil
-}

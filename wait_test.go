@@ -935,7 +935,7 @@ func (fakeTx) Close()                       {}
 // runs fn if it is an acquirer.
 func loopOn(ctx context.Context, c *config, mode waitMode, a fake, keys []Key, t *ticket) (bool, error) {
 	h, _ := a.(acquirer)
-	return lockLoop(ctx, c, mode, &plan{a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
+	return lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
 }
 
 // waitOn runs lockLoop's wait alone for lock, whose counts it updates, as
@@ -943,7 +943,7 @@ func loopOn(ctx context.Context, c *config, mode waitMode, a fake, keys []Key, t
 // errBusy.
 func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a fake, t *ticket) error {
 	st := &lockState{lock: *lock}
-	ok, err := lockLoop(ctx, c, mode, &plan{a: fakeAttempts{a, t}, keys: lock.Keys}, nil, t, st)
+	ok, err := lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: lock.Keys}, nil, t, st)
 	*lock = st.lock
 	if !ok && err == nil {
 		return errBusy
