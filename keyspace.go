@@ -6,9 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/txlock/txlock/internal/pgident"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // ErrInvalidKey is matched (with errors.Is) by every error about a malformed
@@ -266,42 +266,17 @@ func compareKeys(x, y Key) int {
 }
 
 // checkName reports, wrapped around sentinel, what makes name unusable as a
-// key name or an identifier: it is empty, not valid UTF-8, or holds a NUL
-// byte. Either ends up as PostgreSQL text, which cannot be invalid UTF-8 or
-// hold NUL. what names it in the message ("key name", "column name").
+// key name or an identifier (pgident.Problem). what names it in the message
+// ("key name", "column name").
 func checkName(sentinel error, what, name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: %s is empty", sentinel, what)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: %s %q is not valid UTF-8", sentinel, what, truncate(name))
-	case strings.IndexByte(name, 0) >= 0:
-		return fmt.Errorf("%w: %s %q contains a NUL byte, which PostgreSQL text cannot hold", sentinel, what, truncate(name))
+	if p := pgident.Problem(what, name); p != "" {
+		return fmt.Errorf("%w: %s", sentinel, p)
 	}
 	return nil
 }
 
-// maxShown is how many bytes of a name truncate keeps.
-const maxShown = 64
-
-// truncate shortens s, for a message or a log, to at most maxShown bytes
-// followed by "…". It never cuts inside a UTF-8 character: it backs up to
-// the start of the character that byte maxShown belongs to, at most
-// utf8.UTFMax-1 bytes (further back there is no such character, only bytes
-// that are not UTF-8, which are kept as they are).
-func truncate(s string) string {
-	if len(s) <= maxShown {
-		return s
-	}
-	cut := maxShown
-	for i := maxShown; i > maxShown-utf8.UTFMax; i-- {
-		if utf8.RuneStart(s[i]) {
-			cut = i
-			break
-		}
-	}
-	return s[:cut] + "…"
-}
+// truncate shortens s for a message: pgident.Truncate.
+func truncate(s string) string { return pgident.Truncate(s) }
 
 func hash32(name string) int32 {
 	sum := sha256.Sum256([]byte(name))

@@ -29,14 +29,7 @@ func bad(name string, noNUL bool) bool {
 func invalid(what, s string) txlock.Key { return txlock.InvalidKey(invalidErr(what, s)) }
 
 func invalidErr(what, s string) error {
-	switch {
-	case s == "":
-		return fmt.Errorf("interop: %s is empty", what)
-	case !utf8.ValidString(s):
-		return fmt.Errorf("interop: %s %q is not valid UTF-8", what, shorten(s))
-	default:
-		return fmt.Errorf("interop: %s %q contains a NUL byte, which PostgreSQL text cannot hold", what, shorten(s))
-	}
+	return fmt.Errorf("interop: %s", pgident.Problem(what, s))
 }
 
 // FNV1a64 returns the bigint key whose value is the 64-bit FNV-1a hash of
@@ -141,7 +134,7 @@ func DistributedLock(name string, allowHashing bool) txlock.Key {
 		return txlock.PairKey(int32(a), int32(b))
 	}
 	if !allowHashing {
-		return txlock.InvalidKey(fmt.Errorf("interop: DistributedLock name %q is not 0 to 9 ASCII characters, 16 hex digits or 8 hex digits, a comma and 8 hex digits, and allowHashing is false", shorten(name)))
+		return txlock.InvalidKey(fmt.Errorf("interop: DistributedLock name %q is not 0 to 9 ASCII characters, 16 hex digits or 8 hex digits, a comma and 8 hex digits, and allowHashing is false", pgident.Truncate(name)))
 	}
 	sum := sha1.Sum([]byte(name))
 	return txlock.Int64Key(int64(binary.LittleEndian.Uint64(sum[:8])))
@@ -304,16 +297,4 @@ func javaHashCode(s string) int32 {
 		h = 31*h + int32(u)
 	}
 	return h
-}
-
-// shorten cuts s for an error message.
-func shorten(s string) string {
-	if len(s) <= 64 {
-		return s
-	}
-	i := 64
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return s[:i] + "…"
 }
