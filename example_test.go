@@ -1512,6 +1512,14 @@ func ExampleFencer_CreateSequence() {
 	// <nil>
 }
 
+// The statement that creates a Fencer's sequence, for a migration or for a
+// pgx pool (pool.Exec(ctx, ddl)).
+func ExampleFencer_DDL() {
+	ddl, err := txlock.Fencer{Schema: "locks", Sequence: "order_tokens"}.DDL()
+	fmt.Println(ddl, err)
+	// Output: CREATE SEQUENCE IF NOT EXISTS "locks"."order_tokens" AS bigint CACHE 1 NO CYCLE <nil>
+}
+
 // The registry's table, made once at start-up (or by a migration:
 // Registry.DDL gives the statement). Making it again is fine.
 func ExampleRegistry_Create() {

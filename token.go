@@ -203,7 +203,7 @@ func (f Fencer) CreateSequence(ctx context.Context, db interface {
 	// One statement: behind PgBouncer the two parts must not land on
 	// different server connections. A sequence that already existed with a
 	// per-session cache would hand out tokens out of order: refuse it.
-	res, err := db.ExecContext(ctx, `CREATE SEQUENCE IF NOT EXISTS `+seq+` AS bigint CACHE 1 NO CYCLE;
+	res, err := db.ExecContext(ctx, sequenceDDL(seq)+`;
 		SELECT 1 FROM pg_catalog.pg_sequence WHERE seqrelid OPERATOR(pg_catalog.=) `+quoteLiteral(seq)+`::pg_catalog.regclass
 			AND seqcache OPERATOR(pg_catalog.>) 1`)
 	if err != nil {
@@ -213,6 +213,26 @@ func (f Fencer) CreateSequence(ctx context.Context, db interface {
 		return fmt.Errorf("%w: fencing sequence %s exists with a CACHE above 1, which hands out tokens out of order; ALTER SEQUENCE %s CACHE 1", ErrInvalidArgument, seq, seq)
 	}
 	return nil
+}
+
+// DDL returns the statement that creates the Fencer's sequence if it does
+// not exist, as CreateSequence does: for a migration, or for a connection
+// that is not database/sql's (pgx: pool.Exec(ctx, ddl)). Unlike
+// CreateSequence it cannot refuse an existing sequence with a CACHE above
+// 1, which hands out tokens out of order.
+func (f Fencer) DDL() (string, error) {
+	seq, err := f.sequence()
+	if err != nil {
+		return "", err
+	}
+	return sequenceDDL(seq), nil
+}
+
+// sequenceDDL creates the sequence seq, quoted and qualified: a bigint,
+// CACHE 1 (a per-session cache would hand out numbers out of order), NO
+// CYCLE.
+func sequenceDDL(seq string) string {
+	return `CREATE SEQUENCE IF NOT EXISTS ` + seq + ` AS bigint CACHE 1 NO CYCLE`
 }
 
 // sequence returns the quoted, schema-qualified sequence name.

@@ -317,3 +317,40 @@ func TestFencedWritesNilQuerier(t *testing.T) {
 		assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
 	}
 }
+
+// A pgx pool creates a Fencer's sequence from its DDL, and draws its tokens
+// in a lock's fn, directly and through PgBouncer.
+func TestFencerDDL(t *testing.T) {
+	for _, via := range []string{"direct", "PgBouncer"} {
+		t.Run(via, func(t *testing.T) {
+			pool, admin := direct(t)
+			if via == "PgBouncer" {
+				pool, admin, _ = bouncer(t, "exec")
+			}
+			ctx := context.Background()
+			f := txlock.Fencer{Sequence: fmt.Sprintf("pgx_ddl_seq_%d", time.Now().UnixNano())}
+			t.Cleanup(func() { _, _ = admin.Exec(`DROP SEQUENCE IF EXISTS public.` + f.Sequence) })
+			ddl, err := f.DDL()
+			require.NoError(t, err)
+			for range 2 { // a second run finds it there
+				_, err = pool.Exec(ctx, ddl)
+				require.NoError(t, err)
+			}
+			var cache int64
+			require.NoError(t, admin.QueryRow(`SELECT seqcache FROM pg_sequence WHERE seqrelid = $1::regclass`, "public."+f.Sequence).Scan(&cache))
+			assert.Equal(t, int64(1), cache)
+			var tokens []int64
+			for range 2 {
+				err = pgxlock.WithLock(ctx, pool, txlock.StringKey(uniq(t)), func(ctx context.Context, tx pgx.Tx) error {
+					tok, err := f.Token(ctx)
+					tokens = append(tokens, tok)
+					return err
+				})
+				require.NoError(t, err)
+			}
+			assert.Less(t, tokens[0], tokens[1], "tokens only go up")
+		})
+	}
+	_, err := txlock.Fencer{Sequence: "bad\x00name"}.DDL()
+	assert.ErrorIs(t, err, txlock.ErrInvalidArgument)
+}
