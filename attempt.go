@@ -167,7 +167,7 @@ func (p *plan) settle(ctx context.Context, st *lockState, ab attemptBound, r dri
 		return out, err
 	}
 	st.held = newHolder(ctx, tx)
-	if c.ev.on() {
+	if st.ev != nil {
 		st.grantedAt = c.clock.now() // before the hold bound starts
 	}
 	if c.maxHold > 0 {

@@ -132,15 +132,13 @@ func (d *driverAcquirer) granted(st *lockState) (driver.TermTx, error) {
 // campaign waits for the lock with t.p's attempts, and starts the term.
 func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool) (*Term, error) {
 	c, st := &t.c, &t.st
-	c.ev.start(ctx)
+	t.ev.start(c.obs, ctx)
 	st.lock = Lock{Keys: []Key{t.key}, Held: true}
-	if c.ev.on() {
-		st.ev = &c.ev
-	}
+	st.ev = t.ev.orNil()
 	if c.fencing {
 		// The term's start draws its token: set the draw's connection
 		// aside while the campaign holds nothing (see WithFencing).
-		d, reserved, err := reserveFor(ctx, c, st.lock.Keys, a)
+		d, reserved, err := reserveFor(ctx, c, st.ev, st.lock.Keys, a)
 		if err != nil {
 			return nil, err
 		}
@@ -272,8 +270,8 @@ func (t *Term) begin(ctx context.Context) error {
 	// Observer returned for Acquired (a hold span, say), and ends with the
 	// transaction's.
 	parent := ctx
-	if t.c.ev.on() && t.c.ev.ctx != nil {
-		parent = t.c.ev.ctx
+	if ev := t.st.ev; ev != nil && ev.ctx != nil {
+		parent = ev.ctx
 	}
 	base, cancel := context.WithCancelCause(parent)
 	t.cancel = cancel

@@ -440,7 +440,7 @@ type drawPooler interface {
 // cannot finish in time the call ends as a wait does (LockTimeoutError or
 // CanceledError, with no attempt, and the events WaitStarted and TimedOut
 // or Canceled).
-func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, time.Duration, error) {
+func reserveFor(ctx context.Context, c *config, ev *events, keys []Key, a any) (*drawer, time.Duration, error) {
 	p, ok := a.(drawPooler)
 	if !ok {
 		return nil, 0, fmt.Errorf("%w: WithFencing is not supported by this call", ErrInvalidArgument)
@@ -460,9 +460,9 @@ func reserveFor(ctx context.Context, c *config, keys []Key, a any) (*drawer, tim
 		}
 		kind, werr := waitEnded(ctx, keys, c.slots, 0, waited)
 		werr = fmt.Errorf("%w (%v)", werr, err)
-		if c.ev.on() {
-			c.ev.emit(Event{Kind: WaitStarted, Keys: keys, Shared: c.shared})
-			c.ev.emit(Event{Kind: kind, Keys: keys, Shared: c.shared, Waited: waited, Err: werr})
+		if ev != nil {
+			ev.emit(Event{Kind: WaitStarted, Keys: keys, Shared: c.shared})
+			ev.emit(Event{Kind: kind, Keys: keys, Shared: c.shared, Waited: waited, Err: werr})
 		}
 		return nil, 0, werr
 	}

@@ -35,7 +35,8 @@ func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, op
 	if err := dc.a.plan(&dc.p, keys, ""); err != nil {
 		return false, err
 	}
-	c.ev.start(ctx)
+	dc.ev.start(c.obs, ctx)
+	dc.st0.ev = dc.ev.orNil()
 	var t *ticket
 	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
 		t = &dc.t
@@ -60,6 +61,7 @@ func DriverLockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts
 // driverCall is the state of one driver call, in one allocation.
 type driverCall struct {
 	c   config
+	ev  events
 	a   driverAcquirer
 	p   plan
 	t   ticket

@@ -45,10 +45,10 @@ func BenchEvents(b *testing.B, o Observer) {
 	p := &plan{c: c, a: a, keys: keys}
 	b.ReportAllocs()
 	st := &lockState{}
+	var ev events
 	for b.Loop() {
-		c.ev = events{o: o}
-		c.ev.start(context.Background())
-		*st = lockState{lock: Lock{Keys: keys, Held: true}}
+		ev.start(o, context.Background())
+		*st = lockState{lock: Lock{Keys: keys, Held: true}, ev: ev.orNil()}
 		if _, err := lockLoop(context.Background(), c, c.waitMode(false), p, a, nil, st); err != nil {
 			b.Fatal(err)
 		}

@@ -168,8 +168,8 @@ func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState) er
 	l := &st.lock
 	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)
-	if c.ev.on() {
-		c.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited, Slots: l.Slots})
+	if st.ev != nil {
+		st.ev.emit(Event{Kind: FailedOpen, Keys: l.Keys, Shared: c.shared, Attempts: l.Attempts, Waited: l.Waited, Slots: l.Slots})
 	}
 	l.Held = false
 	return a.holdUnlocked(ctx, st)
@@ -206,15 +206,16 @@ var errFnPanicked = errors.New("txlock: fn panicked; the transaction was rolled 
 // released reports the end of a held lock, if the call has an Observer:
 // HoldTimeout first if the hold bound ended it.
 func (c *config) released(st *lockState, err error) {
-	if !c.ev.on() {
+	ev := st.ev
+	if ev == nil {
 		return
 	}
 	e := Event{Keys: st.lock.Keys, Shared: st.lock.Shared, Attempts: st.lock.Attempts, Waited: st.lock.Waited,
 		Held: c.clock.now().Sub(st.grantedAt), Slots: st.lock.Slots, Slot: st.lock.Slot}
 	if errors.Is(err, ErrHoldTimeout) {
 		e.Kind = HoldTimeout
-		c.ev.emit(e)
+		ev.emit(e)
 	}
 	e.Kind, e.Committed, e.Err = Released, err == nil, err
-	c.ev.emit(e)
+	ev.emit(e)
 }

@@ -64,7 +64,8 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 	a.one[0] = key
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
 	a.p = plan{c: c, a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)}
-	c.ev.start(ctx)
+	a.ev.start(c.obs, ctx)
+	a.st.ev = a.ev.orNil()
 	return lockLoop(ctx, c, c.waitMode(try), &a.p, nil, nil, &a.st)
 }
 
@@ -72,6 +73,7 @@ func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
 // caller's transaction.
 type callerTx struct {
 	c   config
+	ev  events
 	tx  driver.Execer
 	p   plan
 	st  lockState // what the lock is, for the loop

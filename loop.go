@@ -74,7 +74,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 	}()
 	if h != nil && c.fencing {
 		var err error
-		if st.draw, st.reserved, err = reserveFor(ctx, c, st.lock.Keys, h); err != nil {
+		if st.draw, st.reserved, err = reserveFor(ctx, c, st.ev, st.lock.Keys, h); err != nil {
 			return false, err
 		}
 	}
@@ -133,7 +133,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 		w.event(SerializationRetry, err)
 		// Each round has its own state: a context that fn kept from an
 		// earlier round keeps describing that round's lock.
-		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true, Slots: st.lock.Slots}, draw: st.draw, reserved: st.reserved}
+		st = &lockState{lock: Lock{Keys: st.lock.Keys, Shared: st.lock.Shared, Held: true, Slots: st.lock.Slots}, draw: st.draw, reserved: st.reserved, ev: st.ev}
 	}
 }
 
@@ -148,6 +148,7 @@ type waiter struct {
 	start time.Time
 	b     bound   // the next attempt's
 	wc    waitCtx // b.waitCtx, once needed
+	ev    *events // the call's events, if it has an Observer (lockState.ev)
 	// headWindow: the default's one window as the queue's head
 	// (config.headWindow) is the call's to make; a server that refuses it
 	// is polled for the rest of the wait. headWaited: it was made.
@@ -163,9 +164,7 @@ func (w *waiter) begin(ctx context.Context, st *lockState) error {
 	w.headWindow, w.headWaited = c.headWindow && w.mode == polling, false
 	w.wc.stop()
 	w.wc = waitCtx{}
-	if c.ev.on() {
-		st.ev = &c.ev
-	}
+	w.ev = st.ev
 	w.event(WaitStarted, nil)
 	if err := ctx.Err(); err != nil {
 		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
@@ -234,8 +233,8 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 // own (see queue.go); nil if there is none.
 func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn func()) {
 	w.wc.stop()
-	if c := w.c; c.ev.on() && c.ev.ctx != ctx {
-		st.obsCtx = c.ev.ctx
+	if ev := st.ev; ev != nil && ev.ctx != ctx {
+		st.obsCtx = ev.ctx
 	}
 	t := w.t
 	switch {
@@ -354,8 +353,8 @@ func (w *waiter) ended(ctx context.Context) error {
 
 // event reports an event of the wait, if the call has an Observer.
 func (w *waiter) event(kind EventKind, err error) {
-	ev := &w.c.ev
-	if !ev.on() {
+	ev := w.ev
+	if ev == nil {
 		return
 	}
 	e := Event{Kind: kind, Keys: w.lock.Keys, Shared: w.lock.Shared, CallerTx: w.c.inTx, Attempts: w.lock.Attempts, Err: err, Slots: w.lock.Slots, Slot: w.lock.Slot}

@@ -172,11 +172,22 @@ type events struct {
 // on reports whether there is an observer to emit to.
 func (ev *events) on() bool { return ev.o != nil }
 
-// start begins the call's events with the caller's context.
-func (ev *events) start(ctx context.Context) {
-	if ev.o != nil {
+// start begins a call's events, to o, with the caller's context. The call
+// keeps them beside its config, which does not change during the call; its
+// lockState points to them (lockState.ev, see orNil).
+func (ev *events) start(o Observer, ctx context.Context) {
+	*ev = events{o: o}
+	if o != nil {
 		ev.ctx = ctx
 	}
+}
+
+// orNil returns ev if it has an observer, else nil: what lockState.ev holds.
+func (ev *events) orNil() *events {
+	if ev.o == nil {
+		return nil
+	}
+	return ev
 }
 
 // emit reports e. Only call it when on() is true, so that building e costs

@@ -107,7 +107,6 @@ func TestEventsInOrder(t *testing.T) {
 			clk := newFakeClock()
 			rec := &recorder{}
 			c := testConfig(t, clk, append(tc.opts, WithObserver(rec))...)
-			c.ev.start(context.Background())
 			l := tc.lock
 			l.clk = clk
 			_, err := loopOn(context.Background(), c, c.waitMode(tc.try), &l, testKeys, nil)
@@ -137,7 +136,6 @@ func TestEventsReleasedOnPanic(t *testing.T) {
 	clk := newFakeClock()
 	rec := &recorder{}
 	c := testConfig(t, clk, WithObserver(rec))
-	c.ev.start(context.Background())
 	l := &clockLock{clk: clk, fn: func(context.Context) { panic("fn bug") }}
 	assert.PanicsWithValue(t, "fn bug", func() {
 		_, _ = loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
@@ -154,7 +152,6 @@ func TestEventsNoRetryAfterContextEnds(t *testing.T) {
 	rec := &recorder{}
 	c := testConfig(t, nil, WithObserver(rec), WithSerializationRetries(3), WithRetry(ConstantBackoff{Interval: time.Hour}))
 	ctx, cancel := context.WithCancel(context.Background())
-	c.ev.start(ctx)
 	l := &clockLock{clk: newFakeClock(), fnErr: sqlStateError("40001"), fn: func(context.Context) {
 		go func() { time.Sleep(10 * time.Millisecond); cancel() }()
 	}}
@@ -167,7 +164,6 @@ func TestEventsNoRetryAfterContextEnds(t *testing.T) {
 func TestEventsFailed(t *testing.T) {
 	rec := &recorder{}
 	c := testConfig(t, newFakeClock(), WithObserver(rec))
-	c.ev.start(context.Background())
 	boom := errors.New("txlock: begin: connection refused")
 	lock := Lock{Keys: testKeys}
 	err := waitOn(context.Background(), c, c.waitMode(false), &lock, attempterFunc(func(context.Context, bound) (outcome, error) { return busy, boom }), nil)
@@ -199,7 +195,6 @@ func TestEventsCounts(t *testing.T) {
 	clk := newFakeClock()
 	rec := &recorder{}
 	c := testConfig(t, clk, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}), WithObserver(rec))
-	c.ev.start(context.Background())
 	var lock Lock
 	l := &clockLock{clk: clk, busyFor: 3, fn: func(ctx context.Context) { lock, _ = LockFromContext(ctx) }}
 	_, err := loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
@@ -239,7 +234,6 @@ func TestObserverContextThreads(t *testing.T) {
 		return nil // nil: keep the context
 	})
 	c := testConfig(t, clk, WithObserver(obs))
-	c.ev.start(context.Background())
 	var inFn any
 	l := &clockLock{clk: clk, busyFor: 1, fn: func(ctx context.Context) { inFn = ctx.Value(ctxKey("span")) }}
 	_, err := loopOn(context.Background(), c, c.waitMode(false), l, testKeys, nil)
@@ -268,7 +262,6 @@ func TestObserverPanicRecovered(t *testing.T) {
 	clk := newFakeClock()
 	for range 2 {
 		c := testConfig(t, clk, WithObserver(obs))
-		c.ev.start(context.Background())
 		ok, err := loopOn(context.Background(), c, c.waitMode(false), &clockLock{clk: clk}, testKeys, nil)
 		require.NoError(t, err)
 		assert.True(t, ok)
@@ -289,7 +282,6 @@ func TestObserverSlow(t *testing.T) {
 		return ctx
 	}), rec)
 	c := testConfig(t, nil, WithObserver(slow))
-	c.ev.start(context.Background())
 	srv := &fakeServer{}
 	ok, err := loopOn(context.Background(), c, c.waitMode(false), &fakeLock{name: "a", srv: srv}, testKeys, nil)
 	require.NoError(t, err)
@@ -316,7 +308,6 @@ func TestSlogObserverGolden(t *testing.T) {
 	runOne := func(l *clockLock, opts ...Option) {
 		l.clk = clk
 		c := testConfig(t, clk, append(opts, WithObserver(obs))...)
-		c.ev.start(context.Background())
 		_, _ = loopOn(context.Background(), c, c.waitMode(false), l, keys, nil)
 	}
 	runOne(&clockLock{busyFor: 1, holdFor: 7 * time.Millisecond}, WithRetry(ConstantBackoff{Interval: 10 * time.Millisecond}))

@@ -80,8 +80,7 @@ type config struct {
 	headWindow    bool
 	clock         clock
 	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction
-	obs           Observer // set by New and WithObserver
-	ev            events   // the call's events, to obs
+	obs           Observer // set by New and WithObserver; the call's events go to it (see lockState.ev)
 	shared        bool
 	txOpts        *sql.TxOptions
 	maxHold       time.Duration
@@ -370,7 +369,6 @@ func (c *config) init(opts []Option, inTx bool) error {
 	if c.logger == nil {
 		c.logger = slog.Default()
 	}
-	c.ev = events{o: c.obs}
 	if c.serverWait != nil {
 		if c.retrySet {
 			return fmt.Errorf("%w: WithRetry and WithServerWait cannot be combined: a ServerWait attempt waits in the server instead of sleeping (its Pause spaces the windows)", ErrInvalidArgument)

@@ -69,6 +69,7 @@ type Term struct {
 	token atomic.Int64 // set once, before AcquireTerm returns; atomic for the expiry checks of database/sql's goroutines
 
 	c   config
+	ev  events         // the term's events: st.ev points to them, if it has an Observer
 	own ownTx          // the attempts of AcquireTerm, on database/sql
 	drv driverAcquirer // DriverTerm's, a driver's
 	p   plan           // how the campaign's attempts are made

@@ -71,6 +71,7 @@ func TryWithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Co
 // call is the state of one WithLock-family call, in one allocation.
 type call struct {
 	c   config
+	ev  events
 	a   ownTx
 	p   plan
 	t   ticket
@@ -109,7 +110,8 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 		return false, err
 	}
 	*p = plan{c: c, a: a, keys: keys, stmt: lockStatement(c.spec(keys, formOwnTx), formOwnTx)}
-	c.ev.start(ctx)
+	cl.ev.start(c.obs, ctx)
+	cl.st0.ev = cl.ev.orNil()
 	var t *ticket
 	if !try && !c.shared {
 		if h := queueHandle(db); h != nil {

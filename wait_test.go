@@ -935,14 +935,18 @@ func (fakeTx) Close()                       {}
 // runs fn if it is an acquirer.
 func loopOn(ctx context.Context, c *config, mode waitMode, a fake, keys []Key, t *ticket) (bool, error) {
 	h, _ := a.(acquirer)
-	return lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}})
+	ev := &events{}
+	ev.start(c.obs, ctx)
+	return lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}, ev: ev.orNil()})
 }
 
 // waitOn runs lockLoop's wait alone for lock, whose counts it updates, as
 // LockTx does: the granted lock is kept, and runs no fn. A busy try is
 // errBusy.
 func waitOn(ctx context.Context, c *config, mode waitMode, lock *Lock, a fake, t *ticket) error {
-	st := &lockState{lock: *lock}
+	ev := &events{}
+	ev.start(c.obs, ctx)
+	st := &lockState{lock: *lock, ev: ev.orNil()}
 	ok, err := lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: lock.Keys}, nil, t, st)
 	*lock = st.lock
 	if !ok && err == nil {
