@@ -23,25 +23,11 @@ import (
 // the call is a Locker's.
 func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts []TermOption, try bool) (*Term, error) {
 	t := &Term{key: key}
+	t.own = ownTx{c: &t.c, db: db}
 	if err := t.setup(lockerOpts, opts); err != nil {
 		return nil, err
 	}
-	if nilDB(db) {
-		return nil, fmt.Errorf("%w: db is nil", ErrInvalidArgument)
-	}
-	if err := key.Err(); err != nil {
-		return nil, err
-	}
-	a := &t.own
-	*a = ownTx{c: &t.c, db: db}
-	t.p = plan{c: &t.c, a: a, keys: []Key{key}, stmt: termStatement(key, t.hb.TTL, t.c.owner), bound: t.hb.TTL}
-	var q *ticket
-	if h := queueHandle(db); h != nil && !try {
-		q = &t.q
-		q.key = queueKey{handle: h, stmt: t.queueStmt(t.p.stmt)}
-		a.pool, _ = h.(*sql.DB)
-	}
-	return t.campaign(ctx, a, q, try)
+	return t.campaign(ctx, &t.own, try)
 }
 
 // DriverTerm is AcquireTerm, or with try TryAcquireTerm, for a term whose
@@ -52,27 +38,11 @@ func acquireTerm(ctx context.Context, db DB, key Key, lockerOpts []Option, opts 
 // says that it was given to New. opts follow them.
 func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, lockerOpts []Option, opts ...TermOption) (*Term, error) {
 	t := &Term{key: key}
+	t.drv = driverAcquirer{a: a, c: &t.c}
 	if err := t.setup(lockerOpts, opts); err != nil {
 		return nil, err
 	}
-	if isNil(a) {
-		return nil, fmt.Errorf("%w: the driver's acquirer is nil", ErrInvalidArgument)
-	}
-	if err := key.Err(); err != nil {
-		return nil, err
-	}
-	d := &t.drv
-	*d = driverAcquirer{a: a, c: &t.c}
-	if err := d.plan(&t.p, []Key{key}, termStatement(key, t.hb.TTL, t.c.owner)); err != nil {
-		return nil, err
-	}
-	t.p.bound = t.hb.TTL
-	var q *ticket
-	if pool := a.Pool(); pool != (driver.PoolKey{}) && !try {
-		q = &t.q
-		q.key = queueKey{handle: pool, stmt: t.queueStmt(t.p.stmt)}
-	}
-	return t.campaign(ctx, d, q, try)
+	return t.campaign(ctx, &t.drv, try)
 }
 
 // queueStmt names the local queue of t's candidates, given their statement
@@ -104,19 +74,14 @@ func (t *Term) setup(lockerOpts []Option, opts []TermOption) error {
 	return nil
 }
 
-// termAcquirer is a term's: database/sql's (ownTx) or a driver's
-// (driverAcquirer). The term's plan, t.p, makes the attempts.
-type termAcquirer interface {
-	// granted returns the granted lock's transaction, st.held's, and makes
-	// it where st's tokens are confirmed.
-	granted(st *lockState) (driver.TermTx, error)
-}
-
+// granted implements source.
 func (a *ownTx) granted(st *lockState) (driver.TermTx, error) {
 	st.db, st.tx = a.db, a.held.tx
 	return &a.held, nil
 }
 
+// granted implements source: the driver's transaction, if it is a
+// driver.TermTx.
 func (d *driverAcquirer) granted(st *lockState) (driver.TermTx, error) {
 	tx := st.held.tx
 	tt, ok := tx.(driver.TermTx)
@@ -129,11 +94,29 @@ func (d *driverAcquirer) granted(st *lockState) (driver.TermTx, error) {
 	return tt, nil
 }
 
-// campaign waits for the lock with t.p's attempts, and starts the term.
-func (t *Term) campaign(ctx context.Context, a termAcquirer, q *ticket, try bool) (*Term, error) {
+// campaign checks a's arguments and t's key, waits for the lock with a's attempts, and
+// starts the term.
+func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) {
 	c, st := &t.c, &t.st
-	t.ev.start(c.obs, ctx)
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	if err := t.key.Err(); err != nil {
+		return nil, err
+	}
 	st.lock = Lock{Keys: []Key{t.key}, Held: true}
+	if err := a.plan(&t.p, st.lock.Keys, termStatement(t.key, t.hb.TTL, c.owner)); err != nil {
+		return nil, err
+	}
+	t.p.bound = t.hb.TTL
+	var q *ticket
+	if !try {
+		if h := a.queueHandle(); h != nil {
+			q = &t.q
+			q.key = queueKey{handle: h, stmt: t.queueStmt(t.p.stmt)}
+		}
+	}
+	t.ev.start(c.obs, ctx)
 	st.ev = t.ev.orNil()
 	if c.fencing {
 		// The term's start draws its token: set the draw's connection

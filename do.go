@@ -28,14 +28,14 @@ func TryDo[T any](ctx context.Context, db DB, key Key, fn func(ctx context.Conte
 
 func do[T any](ctx context.Context, db DB, key Key, fn func(context.Context, *sql.Tx) (T, error), try bool, opts []Option) (T, bool, error) {
 	var v, zero T
-	var run func(context.Context, *sql.Tx) error // nil for a nil fn, which startCall refuses
+	var run func(context.Context, *sql.Tx) error // nil for a nil fn, which ownTx.check refuses
 	if fn != nil {
 		run = func(ctx context.Context, tx *sql.Tx) (err error) {
 			v, err = fn(ctx, tx)
 			return err
 		}
 	}
-	acquired, err := startCall(ctx, db, run, key, nil, try, opts)
+	acquired, err := startCall(ctx, db, run, []Key{key}, try, opts)
 	if err != nil {
 		return zero, acquired, err
 	}

@@ -16,57 +16,19 @@ import (
 // driver package's functions. keys and opts are checked as WithLock checks
 // them, before a's first attempt; a single key's slice is not kept.
 func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, opts ...Option) (acquired bool, err error) {
-	dc := &driverCall{}
-	c := &dc.c
-	if err := c.init(opts, false); err != nil {
+	cl := &call{}
+	cl.drv = driverAcquirer{a: a, c: &cl.c}
+	t, err := cl.prepare(ctx, &cl.drv, keys, try, opts)
+	if err != nil {
 		return false, err
 	}
-	if isNil(a) {
-		return false, fmt.Errorf("%w: the driver's acquirer is nil", ErrInvalidArgument)
-	}
-	if keys, err = driverKeys(keys, &dc.one); err != nil {
-		return false, err
-	}
-	dc.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true, Slots: c.slots}
-	if keys, err = c.semaphoreKeys(keys); err != nil {
-		return false, err
-	}
-	dc.a = driverAcquirer{a: a, c: c}
-	if err := dc.a.plan(&dc.p, keys, ""); err != nil {
-		return false, err
-	}
-	dc.ev.start(c.obs, ctx)
-	dc.st0.ev = dc.ev.orNil()
-	var t *ticket
-	if pool := a.Pool(); !try && !c.shared && pool != (driver.PoolKey{}) {
-		t = &dc.t
-		t.key = queueKey{handle: pool, stmt: c.queueStmt(keys, dc.p.query, dc.p.begin, "; "), serverWait: c.serverWait != nil, slots: c.slots}
-	}
-	return lockLoop(ctx, c, c.waitMode(try), &dc.p, &dc.a, t, &dc.st0)
+	return lockLoop(ctx, &cl.c, cl.c.waitMode(try), &cl.p, &cl.drv, t, &cl.st0)
 }
 
 // DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction
 // that a driver reaches through tx: how pgxlock's LockTx reuses txlock's.
 func DriverLockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts ...Option) (acquired bool, err error) {
-	a := &callerTx{tx: tx}
-	if err := a.c.init(opts, true); err != nil {
-		return false, err
-	}
-	if isNil(tx) {
-		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
-	}
-	return a.lock(ctx, key, try)
-}
-
-// driverCall is the state of one driver call, in one allocation.
-type driverCall struct {
-	c   config
-	ev  events
-	a   driverAcquirer
-	p   plan
-	t   ticket
-	st0 lockState
-	one [1]Key
+	return lockTx(ctx, tx, key, try, opts)
 }
 
 // driverAcquirer is what the lock loop's acquirer needs of a driver's
@@ -77,7 +39,7 @@ type driverAcquirer struct {
 	begin string // the BEGIN of the call's transactions
 }
 
-var _ acquirer = (*driverAcquirer)(nil)
+var _ source = (*driverAcquirer)(nil)
 
 func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
 	d.sessionOf(st, st.held.tx)
@@ -115,6 +77,22 @@ var errNoSession = fmt.Errorf("%w: the driver's transaction is no driver.Session
 
 func (d *driverAcquirer) pooled() bool { return d.a.Pool() != driver.PoolKey{} }
 
+// check implements source.
+func (d *driverAcquirer) check() error {
+	if isNil(d.a) {
+		return fmt.Errorf("%w: the driver's acquirer is nil", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// queueHandle implements source: the driver's pool, if it has one.
+func (d *driverAcquirer) queueHandle() any {
+	if pool := d.a.Pool(); pool != (driver.PoolKey{}) {
+		return pool
+	}
+	return nil
+}
+
 // drawPool implements drawPooler with the driver's Drawer.
 func (d *driverAcquirer) drawPool() (any, func(context.Context) (drawConn, error), error) {
 	p, ok := d.a.(driver.Drawer)
@@ -150,9 +128,9 @@ func (d driverDrawConn) exec(ctx context.Context, query string) error { return d
 // (see driver.DrawConn), whatever discard says.
 func (d driverDrawConn) close(bool) { d.c.Close() }
 
-// plan makes p the plan of the call's attempts, on keys: its BEGIN, its
-// polling attempt's lock statement, stmt (a term's) or if stmt is "" the
-// WithLock family's, and the two in one string.
+// plan implements source. A driver's attempts send BEGIN, with the call's
+// transaction options, and the lock statement together: the plan has
+// both, and the two in one string.
 func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
 	c := d.c
 	d.begin = "BEGIN"
@@ -182,17 +160,4 @@ func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
 	}
 	p.stmt = p.query[len(d.begin)+2:]
 	return nil
-}
-
-// driverKeys checks a driver call's keys. A single key is copied to one,
-// so that the driver's slice is not kept.
-func driverKeys(keys []Key, one *[1]Key) ([]Key, error) {
-	if len(keys) != 1 {
-		return canonicalKeys(keys)
-	}
-	if err := keys[0].Err(); err != nil {
-		return nil, err
-	}
-	one[0] = keys[0]
-	return one[:], nil
 }

@@ -9,9 +9,9 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// An acquirer runs fn under a lock its call's attempter was granted: the
-// seam of the WithLock family. ownTx (owntx.go) is database/sql's,
-// driverAcquirer (driver.go) a driver's.
+// An acquirer runs fn under a lock its call's attempts were granted: what
+// the lock loop needs of database/sql's (ownTx, owntx.go) or a driver's
+// (driverAcquirer, driver.go).
 type acquirer interface {
 	// hold runs fn with the granted lock, st.held, with st as its
 	// context, then ends the lock (commit or rollback). handOn, if not
@@ -23,6 +23,27 @@ type acquirer interface {
 	// while this call's lock ends: its db is a pool, where each caller has
 	// a connection of its own.
 	pooled() bool
+}
+
+// A source is where a call's attempts are made, and its acquirer: what a
+// call's setup needs (call.prepare, Term.campaign), the same for database/sql
+// and for a driver.
+type source interface {
+	acquirer
+	// check reports what is wrong with the call's arguments, other than
+	// its options and keys: a nil database or fn.
+	check() error
+	// plan makes p the plan of the call's attempts on keys, whose lock
+	// statement is stmt (a term's) or, if stmt is "", the WithLock
+	// family's.
+	plan(p *plan, keys []Key, stmt string) error
+	// queueHandle returns the identity of the pool the attempts take
+	// connections from, which names the call's local queue, or nil if
+	// its calls do not queue. It is called only for a call that may.
+	queueHandle() any
+	// granted returns a term's granted transaction, st.held's, and makes
+	// it where st's tokens are confirmed.
+	granted(st *lockState) (driver.TermTx, error)
 }
 
 // bound gives fn's context the hold bound d and, if the holder can end

@@ -34,30 +34,36 @@ import (
 // which ends tx. Taking several keys one by one in different orders in
 // different transactions can livelock until the timeout; use WithLocks.
 func LockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) error {
-	_, err := lockTx(ctx, tx, key, false, opts)
+	_, err := lockTx(ctx, execerOf(tx), key, false, opts)
 	return err
 }
 
 // TryLockTx makes one attempt at key inside the caller's transaction tx and
 // reports whether the lock was granted.
 func TryLockTx(ctx context.Context, tx *sql.Tx, key Key, opts ...Option) (acquired bool, err error) {
-	return lockTx(ctx, tx, key, true, opts)
+	return lockTx(ctx, execerOf(tx), key, true, opts)
 }
 
-func lockTx(ctx context.Context, tx *sql.Tx, key Key, try bool, opts []Option) (bool, error) {
-	a := &callerTx{tx: sqlTx{tx}}
-	if err := a.c.init(opts, true); err != nil {
+// execerOf is tx as the LockTx family's Execer; nil if tx is.
+func execerOf(tx *sql.Tx) driver.Execer {
+	if tx == nil {
+		return nil
+	}
+	return sqlTx{tx}
+}
+
+// lockTx is the LockTx family's call, database/sql's or a driver's
+// (DriverLockTx): it validates the arguments, then runs the lock loop with
+// tx's attempts.
+func lockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts []Option) (bool, error) {
+	a := &callerTx{tx: tx}
+	c := &a.c
+	if err := c.init(opts, true); err != nil {
 		return false, err
 	}
-	if tx == nil {
+	if isNil(tx) {
 		return false, fmt.Errorf("%w: tx is nil", ErrInvalidArgument)
 	}
-	return a.lock(ctx, key, try)
-}
-
-// lock is the lock loop of the LockTx family, once the options are valid.
-func (a *callerTx) lock(ctx context.Context, key Key, try bool) (bool, error) {
-	c := &a.c
 	if err := key.Err(); err != nil {
 		return false, err
 	}

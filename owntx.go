@@ -25,7 +25,7 @@ type ownTx struct {
 
 var (
 	_ attempter = (*ownTx)(nil)
-	_ acquirer  = (*ownTx)(nil)
+	_ source    = (*ownTx)(nil)
 )
 
 // maxEarlyBegin bounds how long a caller that was handed its turn before the
@@ -177,6 +177,35 @@ func (a *ownTx) IdleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 
 
 // pooled implements acquirer.
 func (a *ownTx) pooled() bool { return a.pool != nil }
+
+// check implements source: db, and a call's fn (a term has none).
+func (a *ownTx) check() error {
+	if nilDB(a.db) {
+		return fmt.Errorf("%w: db is nil", ErrInvalidArgument)
+	}
+	if a.fn == nil && !a.c.term {
+		return fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
+	}
+	return nil
+}
+
+// plan implements source. database/sql's attempts begin with BeginTx, so
+// the plan's statement is the lock statement alone.
+func (a *ownTx) plan(p *plan, keys []Key, stmt string) error {
+	if stmt == "" {
+		stmt = lockStatement(a.c.spec(keys, formOwnTx), formOwnTx)
+	}
+	*p = plan{c: a.c, a: a, keys: keys, stmt: stmt}
+	return nil
+}
+
+// queueHandle implements source: db's (see queueHandle), whose pool, if
+// it is a *sql.DB, tells an early BEGIN whether it has an idle connection.
+func (a *ownTx) queueHandle() any {
+	h := queueHandle(a.db)
+	a.pool, _ = h.(*sql.DB)
+	return h
+}
 
 // deadlineTie ends an attempt's transaction when the request's deadline
 // passes: an AfterFunc on its context, or, before the wait has one, a timer.

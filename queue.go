@@ -292,22 +292,21 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 }
 
 // queueStmt is the statement that names the local queue of keys for c's
-// calls, given their lock statement stmt, which begins with prefix: stmt
-// itself, or the same without the holder's label (WithOwner) and with the
-// test for recovery of a read-write transaction (appendInRecovery), so
-// that calls with and without labels, or with different ones, and READ
-// ONLY calls beside the others, share a queue where their prefix is the
-// same.
+// calls, given their lock statement stmt (without a BEGIN): stmt itself,
+// or the same without the holder's label (WithOwner) and with the test for
+// recovery of a read-write transaction (appendInRecovery), so that calls
+// with and without labels, or with different ones, and READ ONLY calls
+// beside the others, share a queue.
 //
 // A semaphore's statement asks for the slots from the call's first (see
 // semaphoreStatement): its queue is named by the statement from slot 0.
-func (c *config) queueStmt(keys []Key, stmt string, prefix ...string) string {
+func (c *config) queueStmt(keys []Key, stmt string) string {
 	s := c.spec(keys, formOwnTx)
 	if c.owner == "" && c.first == 0 && s.readWrite {
 		return stmt
 	}
 	s.owner, s.first, s.readWrite = "", 0, true
-	return lockStatement(s, formOwnTx, prefix...)
+	return lockStatement(s, formOwnTx)
 }
 
 // queueHandle is the identity of db for the local queues, or nil if its

@@ -46,14 +46,14 @@ import (
 // sequence, so n holders at once hold n different tokens: fence what one
 // slot owns (a row per slot, say), not what every slot writes.
 func WithSemaphore(ctx context.Context, db DB, key Key, n int, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := startCall(ctx, db, fn, key, nil, false, semaphoreOpts(n, opts))
+	_, err := startCall(ctx, db, fn, []Key{key}, false, semaphoreOpts(n, opts))
 	return err
 }
 
 // TryWithSemaphore is WithSemaphore with a single attempt: if every slot
 // is busy it returns (false, nil) without waiting, and fn does not run.
 func TryWithSemaphore(ctx context.Context, db DB, key Key, n int, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	return startCall(ctx, db, fn, key, nil, true, semaphoreOpts(n, opts))
+	return startCall(ctx, db, fn, []Key{key}, true, semaphoreOpts(n, opts))
 }
 
 // semaphoreOpts are opts, with a last option that makes the call a

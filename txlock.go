@@ -41,7 +41,7 @@ import (
 // reported with ErrInvalidArgument or ErrInvalidKey before the database is
 // touched.
 func WithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := startCall(ctx, db, fn, key, nil, false, opts)
+	_, err := startCall(ctx, db, fn, []Key{key}, false, opts)
 	return err
 }
 
@@ -49,7 +49,7 @@ func WithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, 
 // attempt asks for all of them, in canonical order, in one statement, and a
 // partial grant is rolled back with the attempt. It never deadlocks.
 func WithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) error {
-	_, err := startCall(ctx, db, fn, Key{}, nonNilKeys(keys), false, opts)
+	_, err := startCall(ctx, db, fn, keys, false, opts)
 	return err
 }
 
@@ -60,76 +60,89 @@ func WithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Conte
 // failed connection, is returned with false. It never queues or waits, with
 // any option.
 func TryWithLock(ctx context.Context, db DB, key Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	return startCall(ctx, db, fn, key, nil, true, opts)
+	return startCall(ctx, db, fn, []Key{key}, true, opts)
 }
 
 // TryWithLocks is TryWithLock for several keys, all or nothing.
 func TryWithLocks(ctx context.Context, db DB, keys []Key, fn func(ctx context.Context, tx *sql.Tx) error, opts ...Option) (acquired bool, err error) {
-	return startCall(ctx, db, fn, Key{}, nonNilKeys(keys), true, opts)
+	return startCall(ctx, db, fn, keys, true, opts)
 }
 
-// call is the state of one WithLock-family call, in one allocation.
+// call is the state of one call of the WithLock family, database/sql's
+// or a driver's (DriverLock), in one allocation.
 type call struct {
 	c   config
 	ev  events
-	a   ownTx
+	own ownTx          // database/sql's attempts
+	drv driverAcquirer // a driver's
 	p   plan
 	t   ticket
 	st0 lockState // the first round's fn context
 	one [1]Key
 }
 
-// startCall validates a call's arguments, then locks and runs fn (see
-// WithLock): keys, or if keys is nil, key.
-func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) error, key Key, keys []Key, try bool, opts []Option) (acquired bool, err error) {
+// startCall locks keys with database/sql's attempts on db, and runs fn
+// (see WithLock).
+func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) error, keys []Key, try bool, opts []Option) (acquired bool, err error) {
 	cl := &call{}
-	c, a, p := &cl.c, &cl.a, &cl.p
-	*a = ownTx{c: c, db: db, fn: fn}
-	if err := c.init(opts, false); err != nil {
+	cl.own = ownTx{c: &cl.c, db: db, fn: fn}
+	t, err := cl.prepare(ctx, &cl.own, keys, try, opts)
+	if err != nil {
 		return false, err
 	}
-	if nilDB(db) {
-		return false, fmt.Errorf("%w: db is nil", ErrInvalidArgument)
-	}
-	if fn == nil {
-		return false, fmt.Errorf("%w: fn is nil", ErrInvalidArgument)
-	}
-	if keys != nil {
-		if keys, err = canonicalKeys(keys); err != nil {
-			return false, err
-		}
-	} else {
-		if err := key.Err(); err != nil {
-			return false, err
-		}
-		cl.one[0] = key
-		keys = cl.one[:]
-	}
-	cl.st0.lock = Lock{Keys: keys, Shared: c.shared, Held: true, Slots: c.slots}
-	if keys, err = c.semaphoreKeys(keys); err != nil {
-		return false, err
-	}
-	*p = plan{c: c, a: a, keys: keys, stmt: lockStatement(c.spec(keys, formOwnTx), formOwnTx)}
-	cl.ev.start(c.obs, ctx)
-	cl.st0.ev = cl.ev.orNil()
-	var t *ticket
-	if !try && !c.shared {
-		if h := queueHandle(db); h != nil {
-			t = &cl.t
-			t.key = queueKey{handle: h, stmt: c.queueStmt(keys, p.stmt), serverWait: c.serverWait != nil, slots: c.slots}
-			a.pool, _ = h.(*sql.DB)
-		}
-	}
-	return lockLoop(ctx, c, c.waitMode(try), p, a, t, &cl.st0)
+	return lockLoop(ctx, &cl.c, cl.c.waitMode(try), &cl.p, &cl.own, t, &cl.st0)
 }
 
-// nonNilKeys returns keys, or an empty slice for nil: WithLocks with no keys
-// is refused as such, not taken for WithLock.
-func nonNilKeys(keys []Key) []Key {
-	if keys == nil {
-		return []Key{}
+// prepare is the setup of every call of the WithLock family, database/sql's
+// and a driver's, before its lock loop: it reads opts, checks the call's
+// arguments (a.check) and keys, plans a's attempts, and returns the call's
+// ticket for its local queue, or nil if it does not queue. A single key's
+// slice is not kept.
+func (cl *call) prepare(ctx context.Context, a source, keys []Key, try bool, opts []Option) (*ticket, error) {
+	c := &cl.c
+	if err := c.init(opts, false); err != nil {
+		return nil, err
 	}
-	return keys
+	if err := a.check(); err != nil {
+		return nil, err
+	}
+	held, err := cl.checkKeys(keys)
+	if err != nil {
+		return nil, err
+	}
+	cl.st0.lock = Lock{Keys: held, Shared: c.shared, Held: true, Slots: c.slots}
+	locked, err := c.semaphoreKeys(held) // for a semaphore, its slots' keys
+	if err != nil {
+		return nil, err
+	}
+	if err := a.plan(&cl.p, locked, ""); err != nil {
+		return nil, err
+	}
+	cl.ev.start(c.obs, ctx)
+	cl.st0.ev = cl.ev.orNil()
+	if try || c.shared {
+		return nil, nil
+	}
+	h := a.queueHandle()
+	if h == nil {
+		return nil, nil
+	}
+	cl.t.key = queueKey{handle: h, stmt: c.queueStmt(locked, cl.p.stmt), serverWait: c.serverWait != nil, slots: c.slots}
+	return &cl.t, nil
+}
+
+// checkKeys validates keys, and returns them as the call keeps them: a
+// single key in cl.one, several sorted, without duplicates, in a slice of
+// their own.
+func (cl *call) checkKeys(keys []Key) ([]Key, error) {
+	if len(keys) != 1 {
+		return canonicalKeys(keys)
+	}
+	if err := keys[0].Err(); err != nil {
+		return nil, err
+	}
+	cl.one[0] = keys[0]
+	return cl.one[:], nil
 }
 
 // canonicalKeys validates keys and returns them sorted, without duplicates.

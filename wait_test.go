@@ -1012,16 +1012,14 @@ func TestQueueStmtIgnoresOwner(t *testing.T) {
 	require.NoError(t, other.init([]Option{WithOwner("another")}, false))
 	var readOnly config
 	require.NoError(t, readOnly.init([]Option{WithTxOptions(&sql.TxOptions{ReadOnly: true})}, false))
-	for _, prefix := range [][]string{nil, {"BEGIN", "; "}} {
-		p := lockStatement(plain.spec(keys, formOwnTx), formOwnTx, prefix...)
-		l := lockStatement(labelled.spec(keys, formOwnTx), formOwnTx, prefix...)
-		o := lockStatement(other.spec(keys, formOwnTx), formOwnTx, prefix...)
-		require.NotEqual(t, p, l)
-		assert.Equal(t, p, plain.queueStmt(keys, p, prefix...))
-		assert.Equal(t, p, labelled.queueStmt(keys, l, prefix...), "prefix %q", prefix)
-		assert.Equal(t, p, other.queueStmt(keys, o, prefix...), "prefix %q", prefix)
-		r := lockStatement(readOnly.spec(keys, formOwnTx), formOwnTx, prefix...)
-		require.NotEqual(t, p, r, "a READ ONLY call's test for recovery")
-		assert.Equal(t, p, readOnly.queueStmt(keys, r, prefix...), "prefix %q", prefix)
-	}
+	p := lockStatement(plain.spec(keys, formOwnTx), formOwnTx)
+	l := lockStatement(labelled.spec(keys, formOwnTx), formOwnTx)
+	o := lockStatement(other.spec(keys, formOwnTx), formOwnTx)
+	require.NotEqual(t, p, l)
+	assert.Equal(t, p, plain.queueStmt(keys, p))
+	assert.Equal(t, p, labelled.queueStmt(keys, l))
+	assert.Equal(t, p, other.queueStmt(keys, o))
+	r := lockStatement(readOnly.spec(keys, formOwnTx), formOwnTx)
+	require.NotEqual(t, p, r, "a READ ONLY call's test for recovery")
+	assert.Equal(t, p, readOnly.queueStmt(keys, r))
 }
