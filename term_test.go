@@ -37,7 +37,7 @@ var fastBeat = txlock.Heartbeat{Interval: 200 * time.Millisecond, Timeout: 2 * t
 // machine's pause does not reach, and a TTL so long that a lock the server
 // frees only at the TTL, rather than when the term ends, would show as far
 // too late.
-var steadyBeat = txlock.Heartbeat{Timeout: 3 * time.Second, TTL: 10 * time.Second}
+var steadyBeat = locktest.TermSteadyBeat
 
 // termDB returns a pool on the test PostgreSQL where the fencing sequence
 // exists, with the checks of direct.
@@ -885,7 +885,7 @@ func TestTermDerivedContexts(t *testing.T) {
 func TestTermFencerFenceToken(t *testing.T) {
 	db := termDB(t)
 	ctx := context.Background()
-	seq := "term_fencer_" + strings.ReplaceAll(tableSuffix(t), "-", "_")
+	seq := "term_fencer_" + strings.ReplaceAll(locktest.TableSuffix(t), "-", "_")
 	f := txlock.Fencer{Sequence: seq}
 	require.NoError(t, f.CreateSequence(ctx, db))
 	t.Cleanup(func() { _, _ = db.Exec(`DROP SEQUENCE public.` + seq) })

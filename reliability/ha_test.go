@@ -211,7 +211,7 @@ func TestHAPatroni(t *testing.T) {
 		}
 	}
 	leaderKey := leaseKey(t)
-	leader := campaign(t, "leader", leaderDB, leaderKey, nil)
+	leader := campaign(t, "leader", client{db: leaderDB}, leaderKey, nil)
 	term := leader.nextTerm(t, time.Minute, "before the faults")
 	probeKey := txlock.StringKey("ha probe " + t.Name())
 
@@ -325,9 +325,9 @@ func TestHAPatroniPrimaryCutOff(t *testing.T) {
 	stuckRun, proxiedRun := l.Start(stuck, 8, 0), l.Start(proxied, 8, 0)
 	leaderKey := leaseKey(t)
 	aDB, bDB := pool(t, p.NodeURL(old), 4), pool(t, p.ProxyURL(), 4)
-	a := campaign(t, "A", aDB, leaderKey, nil)
+	a := campaign(t, "A", client{db: aDB}, leaderKey, nil)
 	first := a.nextTerm(t, time.Minute, "before the cut-off")
-	b := campaign(t, "B", bDB, leaderKey, nil)
+	b := campaign(t, "B", client{db: bDB}, leaderKey, nil)
 	require.True(t, stuckRun.WaitFor(50, time.Minute))
 	require.True(t, proxiedRun.WaitFor(50, time.Minute))
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/internal/pgtest"
+	"github.com/txlock/txlock/pgxlock"
 	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
@@ -78,16 +79,17 @@ type candidate struct {
 	onWin     func(w *wonTerm)
 }
 
-// campaign starts a candidate. onWin, if not nil, runs first thing in each
+// campaign starts a candidate on cl: txlock's Lead on a *sql.DB, or
+// pgxlock's on a *pgxpool.Pool. onWin, if not nil, runs first thing in each
 // term's fn. The candidate is stopped when the test ends, if not before.
-func campaign(t *testing.T, name string, db *sql.DB, key txlock.Key, onWin func(w *wonTerm), opts ...txlock.TermOption) *candidate {
+func campaign(t *testing.T, name string, cl client, key txlock.Key, onWin func(w *wonTerm), opts ...txlock.TermOption) *candidate {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &candidate{name: name, won: make(chan *wonTerm, 16), cancel: cancel, done: make(chan struct{}), onWin: onWin}
 	opts = append([]txlock.TermOption{txlock.WithHeartbeat(leaseBeat), leasePoll}, opts...)
 	go func() {
 		defer close(c.done)
 		for ctx.Err() == nil {
-			err := txlock.Lead(ctx, db, key, func(ctx context.Context, term *txlock.Term) error {
+			err := cl.lead(ctx, key, func(ctx context.Context, term *txlock.Term) error {
 				w := &wonTerm{term: term, token: term.Token(), won: time.Now(), ended: make(chan struct{})}
 				if c.onWin != nil {
 					c.onWin(w)
@@ -115,6 +117,26 @@ func campaign(t *testing.T, name string, db *sql.DB, key txlock.Key, onWin func(
 	t.Cleanup(func() { c.stop(t) })
 	return c
 }
+
+// lead is Lead on cl's pool, txlock's or pgxlock's.
+func (c client) lead(ctx context.Context, key txlock.Key, fn func(context.Context, *txlock.Term) error, opts ...txlock.TermOption) error {
+	if c.pgx != nil {
+		return pgxlock.Lead(ctx, c.pgx, key, fn, opts...)
+	}
+	return txlock.Lead(ctx, c.db, key, fn, opts...)
+}
+
+// acquireTerm is AcquireTerm on cl's pool, txlock's or pgxlock's.
+func (c client) acquireTerm(ctx context.Context, key txlock.Key, opts ...txlock.TermOption) (*txlock.Term, error) {
+	if c.pgx != nil {
+		return pgxlock.AcquireTerm(ctx, c.pgx, key, opts...)
+	}
+	return txlock.AcquireTerm(ctx, c.db, key, opts...)
+}
+
+// leaseLibs are the libraries whose terms the fault tests run: txlock's
+// on a *sql.DB, then pgxlock's on a *pgxpool.Pool.
+var leaseLibs = []string{"txlock", "pgxlock"}
 
 // failed returns how many campaigns ended in an error, and the last one.
 func (c *candidate) failed() (int, error) {
@@ -244,28 +266,33 @@ func leaseKey(t *testing.T) txlock.Key {
 // context must be cancelled within Interval+Timeout, and a candidate
 // connected directly to PostgreSQL must win within the TTL, and only once
 // the leader's term is over.
+//
+// The leader's terms are txlock's, then pgxlock's; the direct candidate's
+// are txlock's.
 func TestLeaseBlackhole(t *testing.T) {
-	for _, target := range networkTargets {
-		t.Run(target.name, func(t *testing.T) { testLeaseBlackhole(t, target) })
+	for _, lib := range leaseLibs {
+		for _, target := range networkTargets {
+			t.Run(variant{lib, target.name}.name(), func(t *testing.T) { testLeaseBlackhole(t, lib, target) })
+		}
 	}
 }
 
-func testLeaseBlackhole(t *testing.T, target networkTarget) {
+func testLeaseBlackhole(t *testing.T, lib string, target networkTarget) {
 	admin, px, dsn, leaks := setup(t, target)
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-	leaderDB := pool(t, dsn, 4) // through the proxy, to the target
+	leaderCl := newClient(t, lib, dsn, 4) // through the proxy, to the target
 	directDB := pool(t, pgtest.Postgres(t), 4)
 	key := leaseKey(t)
 
 	var ev events
-	leader := campaign(t, "leader", leaderDB, key, nil, ev.observer())
+	leader := campaign(t, "leader", leaderCl, key, nil, ev.observer())
 	first := leader.nextTerm(t, 30*time.Second, "before the fault")
 	require.Equal(t, 1, heldOn(t, admin, key))
 
 	// At the new term's start, the old one must be known to be over.
 	var oldErr error
-	other := campaign(t, "direct", directDB, key, func(w *wonTerm) { oldErr = first.term.Err() })
+	other := campaign(t, "direct", client{db: directDB}, key, func(w *wonTerm) { oldErr = first.term.Err() })
 	other.noTerm(t, 4*leaseBeat.Interval+anyPhase(), "while the leader's heartbeats succeed")
 	require.NoError(t, first.term.Err())
 
@@ -293,9 +320,9 @@ func testLeaseBlackhole(t *testing.T, target networkTarget) {
 	px.clear()
 	other.stop(t)
 	px.stop()
-	finish(t, nil, leaks, admin, leaderDB, directDB)
-	figures(t, "target=%s interval=%v timeout=%v ttl=%v leader_cancelled_after=%v next_term_after=%v",
-		target.name, leaseBeat.Interval, leaseBeat.Timeout, leaseBeat.TTL, detected.Round(time.Millisecond), won.Round(time.Millisecond))
+	leaderCl.finish(t, nil, leaks, admin, directDB)
+	figures(t, "lib=%s target=%s interval=%v timeout=%v ttl=%v leader_cancelled_after=%v next_term_after=%v",
+		lib, target.name, leaseBeat.Interval, leaseBeat.Timeout, leaseBeat.TTL, detected.Round(time.Millisecond), won.Round(time.Millisecond))
 }
 
 // TestLeasePgBouncerKill kills PgBouncer (SIGKILL) under a leader connected
@@ -303,14 +330,21 @@ func testLeaseBlackhole(t *testing.T, target networkTarget) {
 // and the server, whose connections from PgBouncer close, releases the
 // lock. PgBouncer is started again on the same port, and the same
 // candidate, campaigning in its loop, wins a new term with a larger token.
+// It runs with txlock's terms, then with pgxlock's.
 func TestLeasePgBouncerKill(t *testing.T) {
+	for _, lib := range leaseLibs {
+		t.Run(lib, func(t *testing.T) { testLeasePgBouncerKill(t, lib) })
+	}
+}
+
+func testLeasePgBouncerKill(t *testing.T, lib string) {
 	c := pgtest.NewCluster(t, pgtest.ClusterOptions{})
 	b := pgtest.NewBouncer(t, c, pgtest.BouncerOptions{PoolSize: 4})
 	leaks := newLeaks()
 	admin := pool(t, c.URL(), 4)
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-	db := pool(t, bouncerDSN(b.URL()), 4)
+	db := newClient(t, lib, bouncerDSN(b.URL()), 4)
 	key := leaseKey(t)
 
 	var ev events
@@ -345,9 +379,9 @@ func TestLeasePgBouncerKill(t *testing.T) {
 	assert.NoError(t, second.term.Err(), "the new term must hold through the restarted PgBouncer")
 
 	leader.stop(t)
-	finish(t, nil, leaks, admin, db)
-	figures(t, "interval=%v timeout=%v leader_cancelled_after=%v lock_released_within=%v rewon_after_restart=%v",
-		leaseBeat.Interval, leaseBeat.Timeout, detected.Round(time.Millisecond), released.Round(time.Millisecond), rewon.Round(time.Millisecond))
+	db.finish(t, nil, leaks, admin)
+	figures(t, "lib=%s interval=%v timeout=%v leader_cancelled_after=%v lock_released_within=%v rewon_after_restart=%v",
+		lib, leaseBeat.Interval, leaseBeat.Timeout, detected.Round(time.Millisecond), released.Round(time.Millisecond), rewon.Round(time.Millisecond))
 }
 
 // leaseTokens runs n terms of key on db, one after another, and returns
@@ -372,8 +406,15 @@ func leaseTokens(t *testing.T, db *sql.DB, key txlock.Key, n int) []int64 {
 // is cancelled within Interval+Timeout of the stop; 4. a candidate wins a
 // term on the new primary. With synchronous replication (and
 // synchronous_commit on), every token drawn after the failover is larger
-// than every token drawn before it.
+// than every token drawn before it. The leader, A, campaigns with txlock's
+// terms, then with pgxlock's; B with txlock's.
 func TestLeaseFailover(t *testing.T) {
+	for _, lib := range leaseLibs {
+		t.Run(lib, func(t *testing.T) { testLeaseFailover(t, lib) })
+	}
+}
+
+func testLeaseFailover(t *testing.T, lib string) {
 	primary := pgtest.NewCluster(t, pgtest.ClusterOptions{})
 	standby := pgtest.NewSyncStandby(t, primary)
 	leaks := newLeaks()
@@ -387,17 +428,17 @@ func TestLeaseFailover(t *testing.T) {
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, oldAdmin))
 
 	url := pgtest.FailoverURL(primary, standby)
-	dbA, dbB := pool(t, url, 4), pool(t, url, 4)
+	clA, dbB := newClient(t, lib, url, 4), pool(t, url, 4)
 	key := leaseKey(t)
 
 	// Tokens of several terms before the failover, the leader's last.
-	before := leaseTokens(t, dbA, key, 5)
+	before := leaseTokens(t, dbB, key, 5)
 	var ev events
-	a := campaign(t, "A", dbA, key, nil, ev.observer())
+	a := campaign(t, "A", clA, key, nil, ev.observer())
 	first := a.nextTerm(t, 30*time.Second, "before the failover")
 	before = append(before, first.token)
 	require.Equal(t, 1, heldOn(t, oldAdmin, key), "the leader's lock on the primary")
-	b := campaign(t, "B", dbB, key, nil)
+	b := campaign(t, "B", client{db: dbB}, key, nil)
 	b.noTerm(t, 4*leaseBeat.Interval+anyPhase(), "while the leader holds")
 
 	// 1. The primary crashes.
@@ -444,7 +485,7 @@ func TestLeaseFailover(t *testing.T) {
 	b.stop(t)
 
 	// Tokens after the failover: the winner's, then several terms more.
-	after := append([]int64{next.token}, leaseTokens(t, dbA, key, 5)...)
+	after := append([]int64{next.token}, leaseTokens(t, dbB, key, 5)...)
 	t.Logf("tokens before the failover %v, after it %v", before, after)
 	for i := 1; i < len(before); i++ {
 		require.Greater(t, before[i], before[i-1], "tokens before the failover must increase")
@@ -454,9 +495,9 @@ func TestLeaseFailover(t *testing.T) {
 	}
 
 	require.NoError(t, oldAdmin.Close())
-	finish(t, nil, leaks, newAdmin, dbA, dbB)
-	figures(t, "interval=%v timeout=%v leader_cancelled_after_stop=%v promoted_in=%v won_after_promotion=%v tokens_before=%v tokens_after=%v",
-		leaseBeat.Interval, leaseBeat.Timeout, detected.Round(time.Millisecond), promoted.Round(time.Millisecond), won.Round(time.Millisecond), before, after)
+	clA.finish(t, nil, leaks, newAdmin, dbB)
+	figures(t, "lib=%s interval=%v timeout=%v leader_cancelled_after_stop=%v promoted_in=%v won_after_promotion=%v tokens_before=%v tokens_after=%v",
+		lib, leaseBeat.Interval, leaseBeat.Timeout, detected.Round(time.Millisecond), promoted.Round(time.Millisecond), won.Round(time.Millisecond), before, after)
 }
 
 // TestLeaseReleaseInBlackhole ends a term whose connection is partitioned
@@ -478,10 +519,10 @@ func TestLeaseReleaseInBlackhole(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		bound time.Duration
-		end   func(ctx context.Context, db *sql.DB, key txlock.Key, partition func()) error
+		end   func(ctx context.Context, cl client, key txlock.Key, partition func()) error
 	}{
-		{"Release", deadline, func(ctx context.Context, db *sql.DB, key txlock.Key, partition func()) error {
-			term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(leaseBeat), txlock.WithTimeout(30*time.Second))
+		{"Release", deadline, func(ctx context.Context, cl client, key txlock.Key, partition func()) error {
+			term, err := cl.acquireTerm(ctx, key, txlock.WithHeartbeat(leaseBeat), txlock.WithTimeout(30*time.Second))
 			if err != nil {
 				return err
 			}
@@ -494,8 +535,8 @@ func TestLeaseReleaseInBlackhole(t *testing.T) {
 			defer cancel()
 			return term.Release(rctx)
 		}},
-		{"Lead", leaseBeat.Timeout, func(ctx context.Context, db *sql.DB, key txlock.Key, partition func()) error {
-			return txlock.Lead(ctx, db, key, func(ctx context.Context, term *txlock.Term) error {
+		{"Lead", leaseBeat.Timeout, func(ctx context.Context, cl client, key txlock.Key, partition func()) error {
+			return cl.lead(ctx, key, func(ctx context.Context, term *txlock.Term) error {
 				time.Sleep(midBeat)
 				if err := term.Err(); err != nil {
 					return err
@@ -505,23 +546,25 @@ func TestLeaseReleaseInBlackhole(t *testing.T) {
 			}, txlock.WithHeartbeat(leaseBeat), txlock.WithTimeout(30*time.Second))
 		}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			for _, withDeadline := range []bool{false, true} {
-				sub := "no deadline"
-				if withDeadline {
-					sub = "ctx with a deadline"
+		for _, lib := range leaseLibs {
+			t.Run(variant{lib, c.name}.name(), func(t *testing.T) {
+				for _, withDeadline := range []bool{false, true} {
+					sub := "no deadline"
+					if withDeadline {
+						sub = "ctx with a deadline"
+					}
+					t.Run(sub, func(t *testing.T) { testReleaseInBlackhole(t, lib, c.name, c.bound, c.end, withDeadline) })
 				}
-				t.Run(sub, func(t *testing.T) { testReleaseInBlackhole(t, c.name, c.bound, c.end, withDeadline) })
-			}
-		})
+			})
+		}
 	}
 }
 
-func testReleaseInBlackhole(t *testing.T, name string, bound time.Duration, end func(ctx context.Context, db *sql.DB, key txlock.Key, partition func()) error, withDeadline bool) {
+func testReleaseInBlackhole(t *testing.T, lib, name string, bound time.Duration, end func(ctx context.Context, cl client, key txlock.Key, partition func()) error, withDeadline bool) {
 	admin, px, dsn, leaks := setup(t, networkTargets[0])
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-	db := pool(t, dsn, 4) // through the proxy
+	db := newClient(t, lib, dsn, 4) // through the proxy
 	key := leaseKey(t)
 	campaignCtx := ctx
 	if withDeadline {
@@ -582,12 +625,12 @@ func testReleaseInBlackhole(t *testing.T, name string, bound time.Duration, end 
 		}
 	}
 	px.stop()
-	finish(t, nil, leaks, admin, db)
+	db.finish(t, nil, leaks, admin)
 	ret := "never (until healed)"
 	if returned >= 0 {
 		ret = returned.Round(time.Millisecond).String()
 	}
-	figures(t, "deadline=%t bound=%v returned_after=%s lock_freed_after=%v", withDeadline, bound, ret, f.Round(time.Millisecond))
+	figures(t, "lib=%s deadline=%t bound=%v returned_after=%s lock_freed_after=%v", lib, withDeadline, bound, ret, f.Round(time.Millisecond))
 }
 
 // TestLeaseCampaignInBlackhole partitions a candidate from PostgreSQL while
@@ -595,12 +638,19 @@ func testReleaseInBlackhole(t *testing.T, name string, bound time.Duration, end 
 // or statement is stuck on a pooled connection (or on a new one, whose
 // startup vanishes too), and the attempt's bound, the TTL, must cut it off
 // and end the campaign with an error that says so, rather than leave the
-// candidate hanging until TCP gives up.
+// candidate hanging until TCP gives up. The candidate campaigns with
+// txlock's terms, then with pgxlock's.
 func TestLeaseCampaignInBlackhole(t *testing.T) {
+	for _, lib := range leaseLibs {
+		t.Run(lib, func(t *testing.T) { testLeaseCampaignInBlackhole(t, lib) })
+	}
+}
+
+func testLeaseCampaignInBlackhole(t *testing.T, lib string) {
 	admin, px, dsn, leaks := setup(t, networkTargets[0])
 	ctx := context.Background()
 	require.NoError(t, txlock.Fencer{}.CreateSequence(ctx, admin))
-	db := pool(t, dsn, 4) // through the proxy
+	db := newClient(t, lib, dsn, 4) // through the proxy
 	directDB := pool(t, pgtest.Postgres(t), 4)
 	key := leaseKey(t)
 	holder, err := txlock.AcquireTerm(ctx, directDB, key, txlock.WithHeartbeat(leaseBeat))
@@ -622,7 +672,7 @@ func TestLeaseCampaignInBlackhole(t *testing.T) {
 	}))
 	ended := make(chan error, 1)
 	go func() {
-		term, err := txlock.AcquireTerm(ctx, db, key, txlock.WithHeartbeat(leaseBeat), leasePoll, obs)
+		term, err := db.acquireTerm(ctx, key, txlock.WithHeartbeat(leaseBeat), leasePoll, obs)
 		if term != nil {
 			_ = term.Release(ctx)
 		}
@@ -653,6 +703,6 @@ func TestLeaseCampaignInBlackhole(t *testing.T) {
 	px.clear()
 	require.NoError(t, holder.Release(ctx))
 	px.stop()
-	finish(t, nil, leaks, admin, db, directDB)
-	figures(t, "ttl=%v campaign_ended_after=%v", leaseBeat.TTL, took.Round(time.Millisecond))
+	db.finish(t, nil, leaks, admin, directDB)
+	figures(t, "lib=%s ttl=%v campaign_ended_after=%v", lib, leaseBeat.TTL, took.Round(time.Millisecond))
 }

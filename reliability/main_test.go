@@ -101,19 +101,19 @@ func (c client) start(l *checker.Ledger, workers int, target int64) *checker.Run
 	return l.Start(c.db, workers, target)
 }
 
-// finish is finish on c's pool. A pgx pool is checked as finish checks a
-// *sql.DB: idle, and no advisory lock left, before closing it (which would
-// end its sessions, and so their locks), then the goroutines.
-func (c client) finish(t testing.TB, l *checker.Ledger, leaks *checker.Leaks, admin *sql.DB) {
+// finish is finish on c's pool, and pools. A pgx pool is checked as finish
+// checks a *sql.DB: idle, and no advisory lock left, before closing it
+// (which would end its sessions, and so their locks), then the goroutines.
+func (c client) finish(t testing.TB, l *checker.Ledger, leaks *checker.Leaks, admin *sql.DB, pools ...*sql.DB) {
 	t.Helper()
 	if c.pgx == nil {
-		finish(t, l, leaks, admin, c.db)
+		finish(t, l, leaks, admin, append(pools, c.db)...)
 		return
 	}
 	require.NoError(t, checker.PgxPoolIdle(c.pgx, 10*time.Second))
 	require.NoError(t, checker.NoAdvisoryLocks(admin, 10*time.Second))
 	c.pgx.Close()
-	finish(t, l, leaks, admin)
+	finish(t, l, leaks, admin, pools...)
 }
 
 // variant is a path a workload takes ("direct" or "pgbouncer", see paths)
