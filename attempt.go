@@ -130,13 +130,7 @@ func (p *plan) settle(ctx context.Context, st *lockState, ab attemptBound, r dri
 	case err != nil:
 	case r.Err != nil:
 		endTx(tx) // the contract says it has none; end it anyway
-		if c.inTx {
-			out, err = classify(r.Err)
-		} else {
-			// In a transaction of the call's own, a window's end and a
-			// deadlock among windows are a busy lock.
-			out, err = classifyOwn(r.Err)
-		}
+		out, err = p.classify(r.Err)
 	case c.inTx: // LockTx: the lock is the caller's transaction's
 		return rowsOutcome(r.Rows)
 	case isNil(tx):
@@ -208,26 +202,20 @@ func (c *config) outcome(rows int64, slot *int) (outcome, error) {
 	return out, err
 }
 
-// classifyOwn sorts the error of a lock statement run in a transaction of
-// txlock's own, database/sql's or a driver's: a ServerWait window that ends in
-// lock_timeout (55P03), or that the deadlock detector picks (40P01), is a
-// busy lock, since the attempt rolls the transaction back, which undoes
-// whatever the statement did. Everything else is classify's.
-func classifyOwn(err error) (outcome, error) {
-	switch SQLState(err) {
-	case codeLockNotAvailable, codeDeadlock:
+// classify sorts the error of a lock statement: (busy, nil) for a busy
+// lock, (standby, nil) for a server in recovery, else (busy, the error,
+// explained). A ServerWait window that ends in lock_timeout (55P03) is a
+// busy lock. So is one that the deadlock detector picks (40P01) in a
+// transaction of the call's own, which the attempt rolls back, undoing
+// whatever the statement did; in a caller's (LockTx, whose attempter has
+// rolled back to its savepoint), the deadlock is between the caller's
+// transactions, and waiting again would deadlock again: it is an error.
+func (p *plan) classify(err error) (outcome, error) {
+	switch code := SQLState(err); {
+	case code == codeLockNotAvailable, code == codeDeadlock && !p.c.inTx:
 		return busy, nil
-	}
-	return classify(err)
-}
-
-// classify sorts a lock statement's error: (busy, nil) for a busy lock,
-// (standby, nil) for a server in recovery, else (busy, the error,
-// explained). A ServerWait window's end (55P03) and a deadlock (40P01) are
-// not sorted here: in txlock's own transaction they are a busy lock
-// (classifyOwn), and in a caller's, LockTx sorts them out (callerTx).
-func classify(err error) (outcome, error) {
-	switch {
+	case code == codeDeadlock:
+		return busy, fmt.Errorf("txlock: lock %s: lock statement: %w", keysString(p.keys), err)
 	case isStandbyError(err):
 		return standby, nil
 	case isIsolationError(err):

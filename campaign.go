@@ -74,15 +74,15 @@ func (t *Term) setup(lockerOpts []Option, opts []TermOption) error {
 	return nil
 }
 
-// granted implements source.
-func (a *ownTx) granted(st *lockState) (driver.TermTx, error) {
+// termTx implements source.
+func (a *ownTx) termTx(st *lockState) (driver.TermTx, error) {
 	st.db, st.tx = a.db, a.held.tx
 	return &a.held, nil
 }
 
-// granted implements source: the driver's transaction, if it is a
+// termTx implements source: the driver's transaction, if it is a
 // driver.TermTx.
-func (d *driverAcquirer) granted(st *lockState) (driver.TermTx, error) {
+func (d *driverAcquirer) termTx(st *lockState) (driver.TermTx, error) {
 	tx := st.held.tx
 	tt, ok := tx.(driver.TermTx)
 	if !ok {
@@ -135,7 +135,7 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 	acquired, err := lockLoop(ctx, c, c.waitMode(try), &p, nil, q, st)
 	if acquired {
 		t.h = &st.held
-		t.tx, err = a.granted(st)
+		t.tx, err = a.termTx(st)
 	}
 	if !acquired || err != nil {
 		if q != nil {
@@ -153,7 +153,7 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 	}
 	t.queued = q != nil
 	t.start = ta.sent
-	if err := t.begin(ctx); err != nil {
+	if err := t.open(ctx); err != nil {
 		t.finish(ctx, err)
 		return nil, err
 	}
@@ -246,8 +246,8 @@ func (ta *termAttempter) Attempt(ctx context.Context, r driver.Request) (driver.
 	return ta.a.Attempt(ctx, r)
 }
 
-// begin sets up the granted term: its context, and its fencing token.
-func (t *Term) begin(ctx context.Context) error {
+// open sets up the granted term: its context, and its fencing token.
+func (t *Term) open(ctx context.Context) error {
 	h := t.h
 	// The term's context answers Value lookups through the context the
 	// Observer returned for Acquired (a hold span, say), and ends with the

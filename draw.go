@@ -335,8 +335,8 @@ func nonceComment() string {
 
 // rowQuerier is where a database/sql draw runs: *sql.DB, *sql.Conn.
 type rowQuerier interface {
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+	Querier
+	DB
 }
 
 // preparedOnly records the pools whose draws need the prepared form (see the
@@ -436,7 +436,7 @@ type drawPooler interface {
 // reserveFor sets a draw connection aside for a WithFencing call for keys
 // with acquirer a, before its lock wait, and returns it with how long that
 // took. The reservation is part of the wait: it counts against WithTimeout
-// (each round's wait has what is left, see waiter.begin), and when it
+// (each round's wait has what is left, see waiter.startWait), and when it
 // cannot finish in time the call ends as a wait does (LockTimeoutError or
 // CanceledError, with no attempt, and the events WaitStarted and TimedOut
 // or Canceled).

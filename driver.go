@@ -41,9 +41,9 @@ type driverAcquirer struct {
 
 var _ source = (*driverAcquirer)(nil)
 
-func (d *driverAcquirer) hold(st *lockState, handOn func()) error {
+func (d *driverAcquirer) hold(st *lockState, pass func()) error {
 	d.sessionOf(st, st.held.tx)
-	return st.held.runFn(st, handOn)
+	return st.held.runFn(st, pass)
 }
 
 func (d *driverAcquirer) holdUnlocked(ctx context.Context, st *lockState) error {

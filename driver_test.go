@@ -223,7 +223,7 @@ func TestDriverFnEndedTxAfterItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d := &fakeDriver{}
-	d.results = []driver.Result{{Rows: 1, Tx: &fakeTx{d: d, name: "granted", rollbackErr: driver.ErrTxDone, fn: func(context.Context) error {
+	d.results = []driver.Result{{Rows: 1, Tx: &fakeTx{d: d, name: "granted", rollbackErr: driver.ErrFnEndedTx, fn: func(context.Context) error {
 		cancel() // the caller's context ends while fn runs
 		return nil
 	}}}}

@@ -104,7 +104,7 @@ func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, read
 	var out outcome
 	res, err := tx.ExecContext(ctx, stmt)
 	if err != nil {
-		out, err = classifyOwn(err)
+		out, err = (&plan{c: c, keys: keys}).classify(err)
 	} else if n, rerr := res.RowsAffected(); rerr != nil {
 		return "", fmt.Errorf("txlock: lock statement result: %w", rerr)
 	} else {

@@ -14,9 +14,9 @@ import (
 // (driverAcquirer, driver.go).
 type acquirer interface {
 	// hold runs fn with the granted lock, st.held, with st as its
-	// context, then ends the lock (commit or rollback). handOn, if not
+	// context, then ends the lock (commit or rollback). pass, if not
 	// nil, runs once fn has returned, before the lock ends.
-	hold(st *lockState, handOn func()) error
+	hold(st *lockState, pass func()) error
 	// holdUnlocked runs fn without the lock, for WithFailOpen.
 	holdUnlocked(ctx context.Context, st *lockState) error
 	// pooled reports whether the next caller of a local queue can begin
@@ -41,9 +41,9 @@ type source interface {
 	// connections from, which names the call's local queue, or nil if
 	// its calls do not queue. It is called only for a call that may.
 	queueHandle() any
-	// granted returns a term's granted transaction, st.held's, and makes
+	// termTx returns a term's granted transaction, st.held's, and makes
 	// it where st's tokens are confirmed.
-	granted(st *lockState) (driver.TermTx, error)
+	termTx(st *lockState) (driver.TermTx, error)
 }
 
 // bound gives fn's context the hold bound d and, if the holder can end
@@ -77,9 +77,9 @@ func (h *holder) release() {
 }
 
 // runFn runs fn in the holder's transaction and commits or rolls back, as
-// WithLock documents. handOn, if not nil, runs once fn has returned, before
+// WithLock documents. pass, if not nil, runs once fn has returned, before
 // the commit or rollback.
-func (h *holder) runFn(st *lockState, handOn func()) error {
+func (h *holder) runFn(st *lockState, pass func()) error {
 	defer h.release()
 	defer st.ended.Store(true)
 	done := false
@@ -95,8 +95,8 @@ func (h *holder) runFn(st *lockState, handOn func()) error {
 	// No fencing token starts once fn has returned; one under way
 	// finishes before the commit or rollback (the driver's Tx sees to it).
 	st.ended.Store(true)
-	if handOn != nil {
-		handOn()
+	if pass != nil {
+		pass()
 	}
 	return h.end(fnErr)
 }
@@ -105,7 +105,7 @@ func (h *holder) runFn(st *lockState, handOn func()) error {
 func (h *holder) end(fnErr error) error {
 	bounded := h.stopHold != nil
 	if fnErr != nil {
-		if err := h.tx.Rollback(); errors.Is(err, driver.ErrTxDone) {
+		if err := h.tx.Rollback(); errors.Is(err, driver.ErrFnEndedTx) {
 			return errors.Join(fnErr, ErrFnEndedTx)
 		}
 		if errors.Is(fnErr, ErrHoldTimeout) {
@@ -127,7 +127,7 @@ func (h *holder) end(fnErr error) error {
 		// transaction itself, that is part of it, for fn may have
 		// committed; and a driver that cannot tell says so.
 		switch err := h.tx.Rollback(); {
-		case errors.Is(err, driver.ErrTxDone):
+		case errors.Is(err, driver.ErrFnEndedTx):
 			return errors.Join(fmt.Errorf("txlock: fn's context ended: %w", context.Cause(h.fnCtx)), ErrFnEndedTx)
 		case errors.Is(err, driver.ErrRolledBack):
 			return fmt.Errorf("%w (%w)", h.ended(), err)
@@ -138,7 +138,7 @@ func (h *holder) end(fnErr error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, driver.ErrTxDone):
+	case errors.Is(err, driver.ErrFnEndedTx):
 		return ErrFnEndedTx
 	case errors.Is(err, driver.ErrRolledBack):
 		// Not committed by txlock; the driver says why it cannot be sure

@@ -107,25 +107,14 @@ func (a *callerTx) Attempt(ctx context.Context, r driver.Request) (driver.Result
 		}
 		return res, nil
 	}
-	code := SQLState(res.Err)
-	if code != codeLockNotAvailable && code != codeDeadlock && !isIsolationError(res.Err) {
-		return res, nil
-	}
-	_, err := classify(res.Err) // explained
+	// The failed wait aborted the savepoint, not the caller's
+	// transaction: roll back to it, and the loop sorts the error
+	// (plan.classify).
 	if _, rerr := a.tx.ExecRows(ctx, rollbackToSavepoint); rerr != nil {
+		_, err := a.p.classify(res.Err) // explained
 		return driver.Result{}, errors.Join(err, fmt.Errorf("txlock: rollback to savepoint: %w", rerr))
 	}
-	switch code {
-	case codeLockNotAvailable:
-		return driver.Result{}, nil // the window passed: busy
-	case codeDeadlock:
-		// A deadlock between caller transactions: waiting again would
-		// deadlock again. The caller's transaction is still usable.
-		return driver.Result{}, fmt.Errorf("txlock: lock %s: %w", keysString(a.st.lock.Keys), err)
-	}
-	// The isolation level was refused (see waitStatement). The caller's
-	// transaction is still usable.
-	return driver.Result{}, err
+	return res, nil
 }
 
 // execRows runs a lock statement in tx, and returns its answer: its row

@@ -80,7 +80,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 	}
 	var fnErr error // the last round's result, once fn has run
 	for round := 0; ; round++ {
-		werr := w.begin(ctx, st)
+		werr := w.startWait(ctx, st)
 	wait:
 		for werr == nil {
 			w.b.window = w.window()
@@ -117,9 +117,9 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 		if h == nil {
 			return true, nil
 		}
-		handOn := w.granted(ctx, st, h)
+		pass := w.endWait(ctx, st, h)
 		holding = true
-		err := h.hold(st, handOn)
+		err := h.hold(st, pass)
 		holding = false
 		t.leave()
 		c.released(st, err)
@@ -127,7 +127,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 			return true, err
 		}
 		fnErr = err
-		if !c.clock.sleep(ctx, c.pause(round+1)) {
+		if !c.clock.sleep(ctx, c.backoff(round+1)) {
 			return true, errors.Join(err, retryNotRun(ctx, ctx.Err()))
 		}
 		w.event(SerializationRetry, err)
@@ -155,10 +155,10 @@ type waiter struct {
 	headWindow, headWaited bool
 }
 
-// begin starts a round's wait for st's lock: its WaitStarted event, its
+// startWait starts a round's wait for st's lock: its WaitStarted event, its
 // deadline, and the local queue, where the call may wait for its turn
 // before its first attempt. A non-nil error ends the wait.
-func (w *waiter) begin(ctx context.Context, st *lockState) error {
+func (w *waiter) startWait(ctx context.Context, st *lockState) error {
 	c := w.c
 	w.lock, w.start = &st.lock, c.clock.now()
 	w.headWindow, w.headWaited = c.headWindow && w.mode == polling, false
@@ -226,12 +226,12 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 	return busy, nil
 }
 
-// granted ends the wait (its context), readies st for fn under the lock
+// endWait ends the wait (its context), readies st for fn under the lock
 // that h was granted, and returns the handoff that fn's return makes: the
 // next caller of the local queue
 // may start as soon as fn is done, when each caller has a connection of its
 // own (see queue.go); nil if there is none.
-func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn func()) {
+func (w *waiter) endWait(ctx context.Context, st *lockState, h acquirer) (pass func()) {
 	w.wc.stop()
 	if ev := st.ev; ev != nil && ev.ctx != ctx {
 		st.obsCtx = ev.ctx
@@ -241,11 +241,11 @@ func (w *waiter) granted(ctx context.Context, st *lockState, h acquirer) (handOn
 	case t == nil || !t.entered() || !h.pooled():
 		return nil
 	case w.mode == inServer:
-		return t.handOn
-	case w.headWindow && t.handOnAtGrant():
+		return t.passNow
+	case w.headWindow && t.passAtGrant():
 		return t.markHandoff
 	}
-	return t.handOnEarly
+	return t.passAtReturn
 }
 
 // window is how long the next attempt may wait in the server's lock queue:
@@ -309,7 +309,7 @@ func lockError(keys []Key, err error) error {
 // ended first.
 func (w *waiter) pause(ctx context.Context) bool {
 	c := w.c
-	d := c.pause(w.lock.Attempts)
+	d := c.backoff(w.lock.Attempts)
 	if d < 0 {
 		return false
 	}
@@ -396,9 +396,9 @@ func (w *waitCtx) stop() {
 	}
 }
 
-// pause is how long to sleep after n busy attempts: a negative duration
+// backoff is how long to sleep after n busy attempts: a negative duration
 // means stop trying.
-func (c *config) pause(n int) time.Duration {
+func (c *config) backoff(n int) time.Duration {
 	if c.serverWait != nil {
 		return jitter(c.serverWait.Pause)
 	}

@@ -62,7 +62,7 @@ func (l *clockLock) attempt(ctx context.Context, b bound) (outcome, error) {
 	return granted, nil
 }
 
-func (l *clockLock) hold(st *lockState, handOn func()) error {
+func (l *clockLock) hold(st *lockState, pass func()) error {
 	st.Context = context.Background()
 	if l.fn != nil {
 		l.fn(st)

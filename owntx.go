@@ -61,7 +61,7 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 	}
 	txCtx, txCancel := context.WithCancelCause(ctx)
 	tie := tieTo(r, txCancel)
-	tx, err := a.begin(txCtx, r.PrevEnd)
+	tx, err := a.beginTx(txCtx, r.PrevEnd)
 	if err != nil {
 		tie.untie()
 		txCancel(nil)
@@ -108,13 +108,13 @@ func (a *ownTx) grants(res sql.Result) bool {
 	return err == nil && err2 == nil && out == granted
 }
 
-// begin begins an attempt's transaction. If the turn was handed on before
+// beginTx begins an attempt's transaction. If the turn was handed on before
 // the previous holder's transaction ended, it then waits for prevEnd, so
 // that the lock statement finds the lock free; if that takes longer than
 // maxEarlyBegin, it rolls back, waits without a connection, and begins
 // again. When the pool has no idle connection, an early BEGIN would open
-// one, or wait for the holder's: begin then waits first.
-func (a *ownTx) begin(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
+// one, or wait for the holder's: beginTx then waits first.
+func (a *ownTx) beginTx(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
 	if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
 		if err := awaitEnd(ctx, prevEnd); err != nil {
 			return nil, err
@@ -152,9 +152,9 @@ func awaitEnd(ctx context.Context, end <-chan struct{}) error {
 }
 
 // hold implements acquirer.
-func (a *ownTx) hold(st *lockState, handOn func()) error {
+func (a *ownTx) hold(st *lockState, pass func()) error {
 	st.db, st.tx = a.db, a.held.tx
-	return st.held.runFn(st, handOn)
+	return st.held.runFn(st, pass)
 }
 
 // holdUnlocked implements acquirer: fn runs in a transaction of its own,
@@ -271,7 +271,7 @@ func (t *sqlHeld) Commit(context.Context) error {
 			// say whether fn had ended the transaction first.
 			return errSQLRolledBack
 		}
-		return driver.ErrTxDone
+		return driver.ErrFnEndedTx
 	}
 	return err
 }
@@ -285,7 +285,7 @@ func (t *sqlHeld) Rollback() error {
 		if t.txCtx.Err() != nil {
 			return errSQLRolledBack
 		}
-		return driver.ErrTxDone
+		return driver.ErrFnEndedTx
 	}
 	return err
 }

@@ -20,7 +20,8 @@ import (
 // connection, so the database sees one waiter per key per process instead
 // of one per goroutine. A semaphore's queue (WithSemaphore) gives the turn
 // to n callers at once. A caller keeps the turn while it holds the lock, and
-// then hands it to the next, which tries at once instead of sleeping:
+// then passes it to the next (the handoff), which tries at once instead of
+// sleeping:
 //
 //   - With polling, on a *sql.DB, the turn passes as soon as fn returns,
 //     before the holder's COMMIT or ROLLBACK, together with a channel that is
@@ -30,7 +31,7 @@ import (
 //     finds the lock free and, at RepeatableRead, takes its snapshot after
 //     that COMMIT (BEGIN takes none in PostgreSQL). It holds that begun
 //     transaction for at most maxEarlyBegin of a slow COMMIT; then it rolls
-//     back and waits without a connection (see ownTx.begin). With the
+//     back and waits without a connection (see ownTx.beginTx). With the
 //     default strategy (see config.headWindow) that lock statement is the
 //     cheap poll, unless such a poll found the lock taken before (queue.remote:
 //     other processes wait for it in the server), or the last handoff took
@@ -38,7 +39,7 @@ import (
 //     then it is the call's window in the server, sent at once without
 //     waiting for the channel, which queues behind the holder. After such
 //     a slow handoff the turn passes earlier still, as soon as the holder's
-//     lock is granted (handOnAtGrant): the next caller's BEGIN and window
+//     lock is granted (passAtGrant): the next caller's BEGIN and window
 //     then go out during the hold.
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
@@ -203,12 +204,12 @@ func (t *ticket) enter(waitCtx context.Context) bool {
 	return false
 }
 
-// handOnEarly passes the turn on once fn has returned, before the call's
+// passAtReturn passes the turn on once fn has returned, before the call's
 // transaction ends, if another caller is queued: the turn carries t.end,
 // which leave closes once the transaction has ended. If nobody is queued
 // the call keeps its turn until then, so that a newcomer does not find the
 // lock still held.
-func (t *ticket) handOnEarly() {
+func (t *ticket) passAtReturn() {
 	queues.Lock()
 	defer queues.Unlock()
 	if len(t.q.waiting) == 0 {
@@ -218,16 +219,16 @@ func (t *ticket) handOnEarly() {
 	t.passTurnLocked(t.end)
 }
 
-// handOnAtGrant passes the turn on as soon as the call's lock is granted,
+// passAtGrant passes the turn on as soon as the call's lock is granted,
 // when the last handoff of its queue was slower than slowHandoff (a network
 // between the process and the server) and another caller is queued. The
 // next caller's window then goes to the server during this call's hold,
 // and is granted the moment this call's transaction ends, with no round
 // trip between; its BEGIN, a round trip of its own on database/sql, is out
-// of the way too. The turn carries t.end, as handOnEarly's does, for a
+// of the way too. The turn carries t.end, as passAtReturn's does, for a
 // poll. It reports whether the turn was passed: fn's return then only
 // starts the handoff's measure (markHandoff).
-func (t *ticket) handOnAtGrant() bool {
+func (t *ticket) passAtGrant() bool {
 	queues.Lock()
 	defer queues.Unlock()
 	if t.q.handoff <= slowHandoff || len(t.q.waiting) == 0 {
@@ -238,13 +239,13 @@ func (t *ticket) handOnAtGrant() bool {
 	return true
 }
 
-// markHandoff starts the measure of a handoff that handOnAtGrant made: from
-// fn's return to the transaction's end, as for handOnEarly's.
+// markHandoff starts the measure of a handoff that passAtGrant made: from
+// fn's return to the transaction's end, as for passAtReturn's.
 func (t *ticket) markHandoff() { t.handedAt = time.Now() }
 
-// handOn passes the turn on at once, carrying nothing: the next caller may
+// pass passes the turn on at once, carrying nothing: the next caller may
 // start its wait in the server while this call's transaction ends.
-func (t *ticket) handOn() { t.passTurn(nil) }
+func (t *ticket) passNow() { t.passTurn(nil) }
 
 // leave ends the call's part in its queue, once its transaction has ended
 // (or it gave up): it closes end, and passes the turn on if it still has it,

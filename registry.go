@@ -261,20 +261,19 @@ func (q noArgsQuerier) QueryRow(ctx context.Context, query string, _ []any, dest
 		return preparedRow(ctx, db, query, dest...)
 	case Querier:
 		return db.QueryRowContext(ctx, query).Scan(dest...)
-	case interface {
-		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	}:
+	case rowsQueryer:
 		return rowsQuerier{db}.QueryRow(ctx, query, nil, dest...)
 	}
 	return fmt.Errorf("%w: %T cannot run a query", ErrInvalidArgument, q.db)
 }
 
-// rowsQuerier is a database/sql QueryContext as a driver.Querier.
-type rowsQuerier struct {
-	db interface {
-		QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	}
+// rowsQueryer is the database/sql method Registry.Keyspaces needs.
+type rowsQueryer interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
+
+// rowsQuerier is a database/sql QueryContext as a driver.Querier.
+type rowsQuerier struct{ db rowsQueryer }
 
 func (q rowsQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
 	rows, err := q.db.QueryContext(ctx, query, args...)

@@ -242,6 +242,30 @@ func TestServerWaitLockTx(t *testing.T) {
 	assert.Zero(t, heldBy(t, db, key))
 }
 
+// A LockTx window that fails for another cause than the lock, here the
+// caller's statement_timeout, returns that error, and leaves the caller's
+// transaction usable: the window is rolled back to its savepoint.
+func TestServerWaitLockTxFailedWindow(t *testing.T) {
+	db := direct(t)
+	key := txlock.StringKey(uniq(t))
+	release := hold(t, db, key, false)
+	defer release()
+
+	tx, err := db.Begin()
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.Exec(`SELECT set_config('statement_timeout', '100ms', true)`)
+	require.NoError(t, err)
+	long := txlock.WithServerWait(txlock.ServerWait{Window: 5 * time.Second})
+	err = txlock.LockTx(context.Background(), tx, key, long, txlock.WithTimeout(10*time.Second))
+	require.Error(t, err)
+	assert.Equal(t, "57014", txlock.SQLState(err), "the statement_timeout's error: %v", err)
+	assert.NotErrorIs(t, err, txlock.ErrLockTimeout)
+	var one int
+	require.NoError(t, tx.QueryRow(`SELECT 1`).Scan(&one), "the caller's transaction is still usable")
+	require.NoError(t, tx.Commit())
+}
+
 // A transaction above ReadCommitted is refused by the waiting statement
 // itself, before it waits, when the level comes from where WithTxOptions
 // cannot see it: the server's default_transaction_isolation (WithLock), or

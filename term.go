@@ -346,7 +346,7 @@ func (t *Term) finish(ctx context.Context, cause error) error {
 	cutMu.Lock()
 	wasCut := cutErr
 	cutMu.Unlock()
-	ended := errors.Is(rbErr, driver.ErrTxDone) || errors.Is(rbErr, driver.ErrRolledBack)
+	ended := errors.Is(rbErr, driver.ErrFnEndedTx) || errors.Is(rbErr, driver.ErrRolledBack)
 	switch {
 	case rbErr == nil:
 	case wasCut != nil && ended:

@@ -73,7 +73,7 @@ type fakeLock struct {
 
 	mu     sync.Mutex
 	bounds []bound
-	handed bool // hold was given a handOn
+	handed bool // hold was given a pass
 }
 
 func (f *fakeLock) attempt(ctx context.Context, b bound) (outcome, error) {
@@ -101,18 +101,18 @@ func (f *fakeLock) attempt(ctx context.Context, b bound) (outcome, error) {
 	return busy, nil
 }
 
-func (f *fakeLock) hold(st *lockState, handOn func()) error {
+func (f *fakeLock) hold(st *lockState, pass func()) error {
 	if f.inFn != nil {
 		close(f.inFn)
 	}
 	if f.finishFn != nil {
 		<-f.finishFn
 	}
-	if handOn != nil {
+	if pass != nil {
 		f.mu.Lock()
 		f.handed = true
 		f.mu.Unlock()
-		handOn()
+		pass()
 	}
 	if f.commit != nil {
 		<-f.commit
@@ -612,7 +612,7 @@ type retryLock struct {
 	afterRelease func() // if not nil, runs once the round's lock is released
 }
 
-func (r *retryLock) hold(st *lockState, handOn func()) error {
+func (r *retryLock) hold(st *lockState, pass func()) error {
 	err := r.fail(st)
 	r.srv.release(r.name)
 	if r.afterRelease != nil {
@@ -660,7 +660,7 @@ func TestWaitQueueTurnAsContextEnds(t *testing.T) {
 		nextIn := make(chan bool, 1)
 		ctx := &raceCtx{Context: cancelled, hand: func() {
 			// w is queued and about to select: queue next behind it, then
-			// hand the turn on, early, as handOnEarly does.
+			// hand the turn on, early, as passAtReturn does.
 			go func() { nextIn <- next.enter(context.Background()) }()
 			eventually(t, func() bool { return QueueRefs() == 3 }, "next queues behind w")
 			holder.passTurn(end)
@@ -846,7 +846,7 @@ func queueBehind(t *testing.T, holder, next *ticket) <-chan bool {
 	return entered
 }
 
-// A queue measures its early handoffs, from handOnEarly to the holder's
+// A queue measures its early handoffs, from passAtReturn to the holder's
 // leave (its transaction's end): the next head finds the handoff slow past
 // slowHandoff (a COMMIT across a network), and fast again after a quick
 // one.
@@ -858,7 +858,7 @@ func TestSlowHandoff(t *testing.T) {
 		holder, next := tickets[i], tickets[i+1]
 		entered := queueBehind(t, holder, next)
 		start := time.Now()
-		holder.handOnEarly()
+		holder.passAtReturn()
 		time.Sleep(took)
 		holder.leave()
 		elapsed := time.Since(start) // the queue's measure lies within it
@@ -974,15 +974,15 @@ func TestHandOnAtGrant(t *testing.T) {
 	h := new(int)
 	holder, next := newTicket(h, false), newTicket(h, false)
 	require.True(t, holder.enter(context.Background()))
-	assert.False(t, holder.handOnAtGrant(), "nobody is queued")
+	assert.False(t, holder.passAtGrant(), "nobody is queued")
 
 	entered := queueBehind(t, holder, next)
-	assert.False(t, holder.handOnAtGrant(), "no handoff was slow yet")
+	assert.False(t, holder.passAtGrant(), "no handoff was slow yet")
 
 	queues.Lock()
 	holder.q.handoff = 2 * slowHandoff
 	queues.Unlock()
-	require.True(t, holder.handOnAtGrant())
+	require.True(t, holder.passAtGrant())
 	require.True(t, <-entered, "the turn passed at the grant")
 	require.NotNil(t, next.prevEnd)
 	select {

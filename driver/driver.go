@@ -96,14 +96,14 @@ type Result struct {
 type Tx interface {
 	// Fn runs the call's fn with the transaction, and ctx as fn's context.
 	Fn(ctx context.Context) error
-	// Commit commits, under ctx. It returns an error matching ErrTxDone if
+	// Commit commits, under ctx. It returns an error matching ErrFnEndedTx if
 	// fn had ended the transaction itself, one matching ErrRolledBack if
 	// the driver rolled it back, without a COMMIT, as its context ended,
 	// and one matching ErrCommitRolledBack if the server rolled it back
 	// (the transaction had failed).
 	Commit(ctx context.Context) error
 	// Rollback rolls back, with a bound of its own: an error matching
-	// ErrTxDone means fn had ended the transaction itself, and one
+	// ErrFnEndedTx means fn had ended the transaction itself, and one
 	// matching ErrRolledBack that the driver had rolled it back as its
 	// context ended (which a driver that cannot tell the two apart says
 	// in the error's text).
@@ -124,17 +124,17 @@ type TermTx interface {
 	// outlives a heartbeat that timed out.
 	Exec(ctx context.Context, stmt string) error
 	// RollbackContext rolls back under ctx, or if ctx ends first, closes
-	// the connection. It returns an error matching ErrTxDone if the
+	// the connection. It returns an error matching ErrFnEndedTx if the
 	// transaction had already ended, and one matching ErrRolledBack if
 	// the driver had rolled it back as its context ended.
 	RollbackContext(ctx context.Context) error
 }
 
 // The errors by which a Tx says how its transaction had ended, or how
-// COMMIT ended it. A driver that cannot tell ErrTxDone from ErrRolledBack
+// COMMIT ended it. A driver that cannot tell ErrFnEndedTx from ErrRolledBack
 // (database/sql cannot) says so in ErrRolledBack's text.
 var (
-	ErrTxDone           = errors.New("the transaction had already ended: fn ended it")
+	ErrFnEndedTx        = errors.New("the transaction had already ended: fn ended it")
 	ErrRolledBack       = errors.New("the transaction was rolled back as its context ended")
 	ErrCommitRolledBack = errors.New("the server answered COMMIT with ROLLBACK")
 )

@@ -254,7 +254,7 @@ func (h *heldTx) Commit(ctx context.Context) error {
 	err := h.tx.Commit(ctx)
 	switch {
 	case errors.Is(err, pgx.ErrTxClosed):
-		return driver.ErrTxDone
+		return driver.ErrFnEndedTx
 	case errors.Is(err, pgx.ErrTxCommitRollback):
 		return fmt.Errorf("%w: %w", driver.ErrCommitRolledBack, err)
 	}
@@ -267,7 +267,7 @@ func (h *heldTx) Rollback() error {
 	h.close()
 	err := end(h.ctx, h.tx)
 	if errors.Is(err, pgx.ErrTxClosed) {
-		return driver.ErrTxDone
+		return driver.ErrFnEndedTx
 	}
 	return err
 }
@@ -286,7 +286,7 @@ func (h *heldTx) RollbackContext(ctx context.Context) error {
 	h.close()
 	err := h.tx.Rollback(ctx)
 	if errors.Is(err, pgx.ErrTxClosed) {
-		return driver.ErrTxDone
+		return driver.ErrFnEndedTx
 	}
 	return err
 }
