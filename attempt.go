@@ -27,6 +27,27 @@ type attempter interface {
 	Attempt(ctx context.Context, r driver.Request) (driver.Result, error)
 }
 
+// A source is where a call's attempts are made, and its keeper: what a
+// call's setup needs (call.prepare, Term.campaign), the same for database/sql
+// and for a driver.
+type source interface {
+	keeper
+	// check reports what is wrong with the call's arguments, other than
+	// its options and keys: a nil database or fn.
+	check() error
+	// plan makes p the plan of the call's attempts on keys, whose lock
+	// statement is stmt (a term's) or, if stmt is "", the WithLock
+	// family's, asking a semaphore's slots from first.
+	plan(p *plan, keys []Key, first int, stmt string) error
+	// queueHandle returns the identity of the pool the attempts take
+	// connections from, which names the call's local queue, or nil if
+	// its calls do not queue. It is called only for a call that may.
+	queueHandle() any
+	// termTx returns a term's granted transaction, st.held's, and makes
+	// it where st's tokens are confirmed.
+	termTx(st *lockState) (driver.TermTx, error)
+}
+
 // outcome is what one attempt found, as the loop decides it.
 type outcome uint8
 
@@ -70,12 +91,20 @@ type plan struct {
 	c     *config
 	a     attempter
 	keys  []Key  // the keys the statements lock: for a semaphore, its slots
+	first int    // a semaphore's slot that the statements ask for first
 	begin string // the BEGIN of a driver's attempts; "" for database/sql's, which begin with BeginTx
 	stmt  string // a polling attempt's lock statement
 	query string // begin and stmt in one string, for a driver
 	// bound, if not 0, bounds each attempt however far the wait's deadline
 	// is: a term's TTL (see acquireTerm).
 	bound time.Duration
+}
+
+// spec is the lockSpec of p's statements in form f.
+func (p *plan) spec(f stmtForm) lockSpec {
+	s := p.c.spec(p.keys, f)
+	s.first = p.first
+	return s
 }
 
 // attemptBound is an attempt's own bound, p.bound, when it ends the attempt
@@ -95,7 +124,7 @@ func (p *plan) request(ctx context.Context, b bound) (r driver.Request, ab attem
 	if b.window > 0 {
 		r.Window = b.window
 		if !p.c.inTx { // LockTx builds its own: see callerTx.Attempt
-			r.Stmt = quietWaitStatement(p.c.spec(p.keys, formOwnTx), b.window)
+			r.Stmt = quietWaitStatement(p.spec(formOwnTx), b.window)
 			if p.begin != "" {
 				r.Query = p.begin + "; " + r.Stmt
 			}

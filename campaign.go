@@ -2,10 +2,7 @@ package txlock
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -67,9 +64,6 @@ func (t *Term) setup(lockerOpts []Option, opts []TermOption) error {
 	if err := c.init(append(all, termOptions(opts)...), false); err != nil {
 		return err
 	}
-	if err := c.termOptions(); err != nil {
-		return err
-	}
 	t.hb = c.heartbeat.withDefaults()
 	return nil
 }
@@ -105,7 +99,7 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 		return nil, err
 	}
 	st.lock = Lock{Keys: []Key{t.key}, Held: true}
-	if err := a.plan(&t.p, st.lock.Keys, termStatement(t.key, t.hb.TTL, c.owner)); err != nil {
+	if err := a.plan(&t.p, st.lock.Keys, 0, termStatement(t.key, t.hb.TTL, c.owner)); err != nil {
 		return nil, err
 	}
 	t.p.bound = t.hb.TTL
@@ -161,61 +155,6 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 	t.begun.Store(true)
 	go t.beat()
 	return t, nil
-}
-
-// termOptions refuses the options that do not apply to a term, and sets the
-// term's transaction options.
-func (c *config) termOptions() error {
-	var errs []error
-	for _, r := range c.termRefusals() {
-		err := fmt.Errorf("%w: %s", ErrInvalidArgument, r.why)
-		if slices.Contains(c.fromNew, r.name) {
-			err = fmt.Errorf("%w (%s was given to New, which sets it for every call of the Locker: build a Locker without it for terms)", err, r.name)
-		}
-		errs = append(errs, err)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	// Read committed whatever the server's default_transaction_isolation
-	// says, and read only: the term's transaction makes no writes.
-	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
-	return nil
-}
-
-// termRefusal is an option that a term refuses: its name, and the error's
-// text.
-type termRefusal struct{ name, why string }
-
-// termRefusals lists the options set in c that a term refuses.
-func (c *config) termRefusals() []termRefusal {
-	var r []termRefusal
-	refuse := func(name, why string) {
-		r = append(r, termRefusal{name, name + " does not apply to a term: " + why})
-	}
-	if c.shared {
-		refuse("WithShared", "a term is exclusive")
-	}
-	if c.serverWait != nil {
-		refuse("WithServerWait", "its waiter holds a connection, and a candidate must hold none while it waits")
-	}
-	if c.maxHold > 0 {
-		refuse("WithMaxHold", "a term lasts as long as its heartbeats succeed; bound a frozen holder with WithHeartbeat's TTL")
-	}
-	if c.failOpen {
-		refuse("WithFailOpen", "a term without the lock would be no term")
-	}
-	if c.serialSet {
-		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
-	}
-	switch o := c.txOpts; {
-	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:
-	case o.Isolation < sql.LevelReadCommitted:
-		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a term's transaction is always begun READ COMMITTED; leave the option out, or ask for ReadCommitted", o.Isolation)})
-	default:
-		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", o.Isolation)})
-	}
-	return r
 }
 
 // fromLocker comes between a Locker's options and a call's in the Locker's

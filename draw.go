@@ -335,8 +335,8 @@ func nonceComment() string {
 
 // rowQuerier is where a database/sql draw runs: *sql.DB, *sql.Conn.
 type rowQuerier interface {
-	Querier
-	DB
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
 }
 
 // preparedOnly records the pools whose draws need the prepared form (see the
@@ -426,7 +426,7 @@ func errPoolFull(inUse, max int) error {
 	return fmt.Errorf("%w: the pool's %d connections are all in use (%d of them), the lock's among them, and a token is drawn on another; give the call txlock.WithFencing(), which sets a connection aside for draws before the lock is taken, or make the pool larger than the number of holders", ErrNoToken, max, inUse)
 }
 
-// A drawPooler is an acquirer whose db is a pool that a WithFencing call
+// A drawPooler is a keeper whose db is a pool that a WithFencing call
 // can set a draw connection aside in: it returns the pool's queue handle and
 // how to open the connection, or an error matching ErrInvalidArgument.
 type drawPooler interface {
@@ -434,7 +434,7 @@ type drawPooler interface {
 }
 
 // reserveFor sets a draw connection aside for a WithFencing call for keys
-// with acquirer a, before its lock wait, and returns it with how long that
+// with keeper a, before its lock wait, and returns it with how long that
 // took. The reservation is part of the wait: it counts against WithTimeout
 // (each round's wait has what is left, see waiter.startWait), and when it
 // cannot finish in time the call ends as a wait does (LockTimeoutError or

@@ -8,31 +8,14 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// DriverLock runs a call of the WithLock family whose attempts a driver
-// makes (package driver): WithLock, or for several keys, taken all or
-// nothing, WithLocks; with try, TryWithLock or TryWithLocks. It is how a
-// driver package such as pgxlock reuses txlock's lock loop, with the same
-// options, local queues, events, fencing tokens and errors; users call the
-// driver package's functions. keys and opts are checked as WithLock checks
-// them, before a's first attempt; a single key's slice is not kept.
-func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, opts ...Option) (acquired bool, err error) {
-	cl := &call{}
-	cl.drv = driverAcquirer{a: a, c: &cl.c}
-	t, err := cl.prepare(ctx, &cl.drv, keys, try, opts)
-	if err != nil {
-		return false, err
-	}
-	return lockLoop(ctx, &cl.c, cl.c.waitMode(try), &cl.p, &cl.drv, t, &cl.st0)
-}
-
 // DriverLockTx is LockTx, or with try TryLockTx, in a caller's transaction
 // that a driver reaches through tx: how pgxlock's LockTx reuses txlock's.
 func DriverLockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts ...Option) (acquired bool, err error) {
 	return lockTx(ctx, tx, key, try, opts)
 }
 
-// driverAcquirer is what the lock loop's acquirer needs of a driver's
-// Acquirer, whose attempts the loop makes itself (plan.a).
+// driverAcquirer is a driver's Acquirer as a call's source and keeper;
+// the loop makes the Acquirer's attempts itself (plan.a).
 type driverAcquirer struct {
 	a     driver.Acquirer
 	c     *config
@@ -131,7 +114,7 @@ func (d driverDrawConn) close(bool) { d.c.Close() }
 // plan implements source. A driver's attempts send BEGIN, with the call's
 // transaction options, and the lock statement together: the plan has
 // both, and the two in one string.
-func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
+func (d *driverAcquirer) plan(p *plan, keys []Key, first int, stmt string) error {
 	c := d.c
 	d.begin = "BEGIN"
 	if o := c.txOpts; o != nil {
@@ -152,9 +135,9 @@ func (d *driverAcquirer) plan(p *plan, keys []Key, stmt string) error {
 			d.begin += " READ ONLY"
 		}
 	}
-	*p = plan{c: c, a: d.a, keys: keys, begin: d.begin}
+	*p = plan{c: c, a: d.a, keys: keys, first: first, begin: d.begin}
 	if stmt == "" { // one allocation: the statement is the query's tail
-		p.query = lockStatement(c.spec(keys, formOwnTx), formOwnTx, d.begin, "; ")
+		p.query = lockStatement(p.spec(formOwnTx), formOwnTx, d.begin, "; ")
 	} else {
 		p.query = d.begin + "; " + stmt
 	}

@@ -153,7 +153,7 @@ func (ft FencedTable) Update(ctx context.Context, q Querier, token int64, set, w
 }
 
 func (ft FencedTable) update(ctx context.Context, q driver.Querier, token int64, set, where []Col) (int64, error) {
-	t, err := ft.prepare(token, set, where, true)
+	t, err := ft.build(token, set, where, true)
 	if err != nil {
 		return 0, err
 	}
@@ -169,7 +169,7 @@ func (ft FencedTable) update(ctx context.Context, q driver.Querier, token int64,
 	sb.WriteString(t.fence + " = " + tok + " WHERE ")
 	match := t.match(&args, where)
 	sb.WriteString(match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) " + tok + ") RETURNING 1)\n")
-	sb.WriteString(t.outcome(match))
+	sb.WriteString(t.resultQuery(match))
 	return t.exec(ctx, q, sb.String(), args, token)
 }
 
@@ -183,14 +183,14 @@ func (ft FencedTable) Delete(ctx context.Context, q Querier, token int64, where 
 }
 
 func (ft FencedTable) delete(ctx context.Context, q driver.Querier, token int64, where []Col) (int64, error) {
-	t, err := ft.prepare(token, nil, where, false)
+	t, err := ft.build(token, nil, where, false)
 	if err != nil {
 		return 0, err
 	}
 	args := []any{token}
 	match := t.match(&args, where)
 	stmt := "WITH w AS (DELETE FROM " + t.table + " WHERE " + match + " AND (" + t.fence + " IS NULL OR " + t.fence + " OPERATOR(pg_catalog.<=) $1) RETURNING 1)\n" +
-		t.outcome(match)
+		t.resultQuery(match)
 	return t.exec(ctx, q, stmt, args, token)
 }
 
@@ -210,7 +210,7 @@ func (ft FencedTable) Upsert(ctx context.Context, q Querier, token int64, key, s
 }
 
 func (ft FencedTable) upsert(ctx context.Context, q driver.Querier, token int64, key, set []Col) error {
-	t, err := ft.prepare(token, set, key, false)
+	t, err := ft.build(token, set, key, false)
 	if err != nil {
 		return err
 	}
@@ -247,7 +247,7 @@ type fencedStmt struct {
 	obs          Observer
 }
 
-func (ft FencedTable) prepare(token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
+func (ft FencedTable) build(token int64, set, where []Col, needSet bool) (*fencedStmt, error) {
 	if token <= 0 {
 		return nil, fmt.Errorf("%w: fenced write: token must be positive, got %d", ErrInvalidArgument, token)
 	}
@@ -308,9 +308,9 @@ func (t *fencedStmt) match(args *[]any, where []Col) string {
 	return strings.Join(parts, " AND ")
 }
 
-// outcome renders the query that follows the write w of Update and Delete:
+// resultQuery renders the query that follows the write w of Update and Delete:
 // the rows written, the rows that match, and the largest token among them.
-func (t *fencedStmt) outcome(match string) string {
+func (t *fencedStmt) resultQuery(match string) string {
 	return "SELECT (SELECT pg_catalog.count(*) FROM w), (SELECT pg_catalog.count(*) FROM " + t.table + " WHERE " + match +
 		"), (SELECT pg_catalog.max(" + t.fence + ") FROM " + t.table + " WHERE " + match + ")"
 }

@@ -9,10 +9,10 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// An acquirer runs fn under a lock its call's attempts were granted: what
+// A keeper runs fn under a lock its call's attempts were granted: what
 // the lock loop needs of database/sql's (ownTx, owntx.go) or a driver's
 // (driverAcquirer, driver.go).
-type acquirer interface {
+type keeper interface {
 	// hold runs fn with the granted lock, st.held, with st as its
 	// context, then ends the lock (commit or rollback). pass, if not
 	// nil, runs once fn has returned, before the lock ends.
@@ -23,27 +23,6 @@ type acquirer interface {
 	// while this call's lock ends: its db is a pool, where each caller has
 	// a connection of its own.
 	pooled() bool
-}
-
-// A source is where a call's attempts are made, and its acquirer: what a
-// call's setup needs (call.prepare, Term.campaign), the same for database/sql
-// and for a driver.
-type source interface {
-	acquirer
-	// check reports what is wrong with the call's arguments, other than
-	// its options and keys: a nil database or fn.
-	check() error
-	// plan makes p the plan of the call's attempts on keys, whose lock
-	// statement is stmt (a term's) or, if stmt is "", the WithLock
-	// family's.
-	plan(p *plan, keys []Key, stmt string) error
-	// queueHandle returns the identity of the pool the attempts take
-	// connections from, which names the call's local queue, or nil if
-	// its calls do not queue. It is called only for a call that may.
-	queueHandle() any
-	// termTx returns a term's granted transaction, st.held's, and makes
-	// it where st's tokens are confirmed.
-	termTx(st *lockState) (driver.TermTx, error)
 }
 
 // bound gives fn's context the hold bound d and, if the holder can end
@@ -130,9 +109,9 @@ func (h *holder) end(fnErr error) error {
 		case errors.Is(err, driver.ErrFnEndedTx):
 			return errors.Join(fmt.Errorf("txlock: fn's context ended: %w", context.Cause(h.fnCtx)), ErrFnEndedTx)
 		case errors.Is(err, driver.ErrRolledBack):
-			return fmt.Errorf("%w (%w)", h.ended(), err)
+			return fmt.Errorf("%w (%w)", h.rolledBackErr(), err)
 		}
-		return h.ended()
+		return h.rolledBackErr()
 	}
 	err := h.tx.Commit(h.fnCtx)
 	switch {
@@ -143,7 +122,7 @@ func (h *holder) end(fnErr error) error {
 	case errors.Is(err, driver.ErrRolledBack):
 		// Not committed by txlock; the driver says why it cannot be sure
 		// of more.
-		return fmt.Errorf("%w (%w)", h.ended(), err)
+		return fmt.Errorf("%w (%w)", h.rolledBackErr(), err)
 	case errors.Is(err, driver.ErrCommitRolledBack):
 		return fmt.Errorf("%w: the transaction had failed (a statement of fn failed, and fn returned nil), so COMMIT rolled it back: %w", ErrCommitFailed, err)
 	case h.fnCtx.Err() != nil:
@@ -169,9 +148,9 @@ func serverEndedHold(err error) bool {
 	return false
 }
 
-// ended explains a transaction that was rolled back because its context
+// rolledBackErr explains a transaction that was rolled back because its context
 // ended: the hold bound, or the caller's context.
-func (h *holder) ended() error {
+func (h *holder) rolledBackErr() error {
 	cause := context.Cause(h.fnCtx)
 	if errors.Is(cause, ErrHoldTimeout) {
 		return errHoldRolledBack
@@ -185,7 +164,7 @@ var errHoldRolledBack = fmt.Errorf("%w; transaction rolled back", ErrHoldTimeout
 
 // holdUnlocked runs fn without the lock, through a, once the wait for st's
 // lock timed out (WithFailOpen).
-func (c *config) holdUnlocked(ctx context.Context, a acquirer, st *lockState) error {
+func (c *config) holdUnlocked(ctx context.Context, a keeper, st *lockState) error {
 	l := &st.lock
 	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)

@@ -12,7 +12,7 @@ import (
 // fn under the lock. It knows nothing of database/sql: it drives an
 // attempter (attempt.go), the seam through which every way of acquiring (a
 // transaction of txlock's own, a driver's, a caller's transaction) plugs in,
-// and an acquirer (hold.go), which runs fn under the granted lock.
+// and a keeper (hold.go), which runs fn under the granted lock.
 
 // waitMode is how a call waits for a busy lock.
 type waitMode uint8
@@ -57,7 +57,7 @@ func (c *config) waitMode(try bool) waitMode {
 // The events are reported by the waiter (waiter.event: WaitStarted and Busy
 // as they happen, the wait's end at its exits) and by the hold's end
 // (config.released, config.holdUnlocked).
-func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer, t *ticket, st *lockState) (bool, error) {
+func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h keeper, t *ticket, st *lockState) (bool, error) {
 	w := &waiter{c: c, mode: mode, p: p, t: t}
 	holding := false // fn runs: if it panics, the lock's end is reported
 	defer func() {   // one defer, which the compiler open-codes
@@ -96,7 +96,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h acquirer
 			case mode == tryOnce:
 				werr = w.exit(Skipped, errBusy)
 			case !w.pause(ctx):
-				werr = w.ended(ctx)
+				werr = w.giveUp(ctx)
 			}
 		}
 		switch {
@@ -170,7 +170,7 @@ func (w *waiter) startWait(ctx context.Context, st *lockState) error {
 		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
 			return w.exit(Failed, fmt.Errorf("txlock: %s not attempted: %w", keysString(w.lock.Keys), err))
 		}
-		return w.ended(ctx)
+		return w.giveUp(ctx)
 	}
 	timeout := c.timeout
 	if st.reserved > 0 { // what setting a draw connection aside took of it
@@ -183,7 +183,7 @@ func (w *waiter) startWait(ctx context.Context, st *lockState) error {
 	// the default strategy, if its lock was busy recently: its first
 	// attempt can then be its window in the server.
 	if t := w.t; t != nil && (w.mode == inServer || t.othersQueued() || w.headWindow && t.hot(w.start)) && !w.enter(ctx) {
-		return w.ended(ctx)
+		return w.giveUp(ctx)
 	}
 	return nil
 }
@@ -210,7 +210,7 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 			w.lock.Attempts++
 			w.event(Busy, nil)
 		}
-		return busy, w.ended(ctx)
+		return busy, w.giveUp(ctx)
 	}
 	w.lock.Attempts++
 	switch out {
@@ -231,7 +231,7 @@ func (w *waiter) sort(ctx context.Context, out outcome, err error) (outcome, err
 // next caller of the local queue
 // may start as soon as fn is done, when each caller has a connection of its
 // own (see queue.go); nil if there is none.
-func (w *waiter) endWait(ctx context.Context, st *lockState, h acquirer) (pass func()) {
+func (w *waiter) endWait(ctx context.Context, st *lockState, h keeper) (pass func()) {
 	w.wc.stop()
 	if ev := st.ev; ev != nil && ev.ctx != ctx {
 		st.obsCtx = ev.ctx
@@ -343,8 +343,8 @@ func (w *waiter) exit(kind EventKind, err error) error {
 	return err
 }
 
-// ended ends the wait at its deadline, or with ctx: see waitEnded.
-func (w *waiter) ended(ctx context.Context) error {
+// giveUp ends the wait at its deadline, or with ctx: see waitEnded.
+func (w *waiter) giveUp(ctx context.Context) error {
 	w.lock.Waited = w.c.clock.now().Sub(w.start)
 	kind, err := waitEnded(ctx, w.lock.Keys, w.lock.Slots, w.lock.Attempts, w.lock.Waited)
 	w.event(kind, err)

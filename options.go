@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 )
@@ -89,11 +90,9 @@ type config struct {
 	logger        *slog.Logger
 	serialRetries int
 	serialSet     bool
-	fencing       bool // WithFencing: a draw connection is set aside before the lock
-	// slots is a semaphore's n (WithSemaphore), 0 for a lock; first is the
-	// slot its attempts ask for first (config.semaphoreKeys).
-	slots, first int
-	onlyOwnTx    []string // options that make no sense inside a caller's tx
+	fencing       bool     // WithFencing: a draw connection is set aside before the lock
+	slots         int      // a semaphore's n (WithSemaphore), 0 for a lock
+	onlyOwnTx     []string // options that make no sense inside a caller's tx
 	// term is set for AcquireTerm, TryAcquireTerm and Lead (see term.go);
 	// heartbeat and fencer are their options.
 	term      bool
@@ -390,5 +389,63 @@ func (c *config) init(opts []Option, inTx bool) error {
 	_, isDefault := c.retry.(defaultRetry)
 	c.headWindow = isDefault && c.serverWait == nil && !inTx && !c.term && c.slots == 0 &&
 		(c.txOpts == nil || c.txOpts.Isolation < sql.LevelRepeatableRead)
+	if c.term {
+		return c.forTerm()
+	}
 	return nil
+}
+
+// forTerm refuses the options that do not apply to a term, and sets the
+// term's transaction options: the end of init for a term's config.
+func (c *config) forTerm() error {
+	var errs []error
+	for _, r := range c.termRefusals() {
+		err := fmt.Errorf("%w: %s", ErrInvalidArgument, r.why)
+		if slices.Contains(c.fromNew, r.name) {
+			err = fmt.Errorf("%w (%s was given to New, which sets it for every call of the Locker: build a Locker without it for terms)", err, r.name)
+		}
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// Read committed whatever the server's default_transaction_isolation
+	// says, and read only: the term's transaction makes no writes.
+	c.txOpts = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+	return nil
+}
+
+// termRefusal is an option that a term refuses: its name, and the error's
+// text.
+type termRefusal struct{ name, why string }
+
+// termRefusals lists the options set in c that a term refuses.
+func (c *config) termRefusals() []termRefusal {
+	var r []termRefusal
+	refuse := func(name, why string) {
+		r = append(r, termRefusal{name, name + " does not apply to a term: " + why})
+	}
+	if c.shared {
+		refuse("WithShared", "a term is exclusive")
+	}
+	if c.serverWait != nil {
+		refuse("WithServerWait", "its waiter holds a connection, and a candidate must hold none while it waits")
+	}
+	if c.maxHold > 0 {
+		refuse("WithMaxHold", "a term lasts as long as its heartbeats succeed; bound a frozen holder with WithHeartbeat's TTL")
+	}
+	if c.failOpen {
+		refuse("WithFailOpen", "a term without the lock would be no term")
+	}
+	if c.serialSet {
+		refuse("WithSerializationRetries", "a term runs no fn in its transaction")
+	}
+	switch o := c.txOpts; {
+	case o == nil || o.Isolation == sql.LevelDefault || o.Isolation == sql.LevelReadCommitted:
+	case o.Isolation < sql.LevelReadCommitted:
+		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a term's transaction is always begun READ COMMITTED; leave the option out, or ask for ReadCommitted", o.Isolation)})
+	default:
+		r = append(r, termRefusal{"WithTxOptions", fmt.Sprintf("a term needs ReadCommitted, and WithTxOptions asks for %v: a transaction above it keeps its snapshot, and holds back vacuum, for the whole term", o.Isolation)})
+	}
+	return r
 }

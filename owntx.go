@@ -10,7 +10,7 @@ import (
 	"github.com/txlock/txlock/driver"
 )
 
-// ownTx is database/sql's attempter and acquirer, for the WithLock family
+// ownTx is database/sql's attempter and keeper, for the WithLock family
 // and terms: each attempt begins a transaction of its own on db and runs
 // the lock statement in it; a busy attempt rolls back, which returns the
 // connection to the pool, and a granted one keeps the transaction for fn.
@@ -73,7 +73,7 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		// The deadline or the attempt's bound fired, or ctx ended, as the
 		// lock was granted; database/sql is rolling the transaction back,
 		// and fn must not start.
-		a.held.end()
+		a.held.abort()
 		return driver.Result{}, context.DeadlineExceeded
 	}
 	// Once the deadline is untied, txCtx ends only with ctx (or when fn is
@@ -93,10 +93,10 @@ func (a *ownTx) result(res sql.Result, err error) (driver.Result, error) {
 		if n, err = res.RowsAffected(); err == nil {
 			return driver.Result{Tx: &a.held, Rows: n}, nil
 		}
-		a.held.end()
+		a.held.abort()
 		return driver.Result{}, fmt.Errorf("txlock: lock statement result: %w", err)
 	}
-	a.held.end()
+	a.held.abort()
 	return driver.Result{Err: err}, nil
 }
 
@@ -151,13 +151,13 @@ func awaitEnd(ctx context.Context, end <-chan struct{}) error {
 	}
 }
 
-// hold implements acquirer.
+// hold implements keeper.
 func (a *ownTx) hold(st *lockState, pass func()) error {
 	st.db, st.tx = a.db, a.held.tx
 	return st.held.runFn(st, pass)
 }
 
-// holdUnlocked implements acquirer: fn runs in a transaction of its own,
+// holdUnlocked implements keeper: fn runs in a transaction of its own,
 // without the lock.
 func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 	txCtx, txCancel := context.WithCancelCause(ctx)
@@ -175,7 +175,7 @@ func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 // connection (see waiter.window), as driver.Acquirer's does.
 func (a *ownTx) IdleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 0 }
 
-// pooled implements acquirer.
+// pooled implements keeper.
 func (a *ownTx) pooled() bool { return a.pool != nil }
 
 // check implements source: db, and a call's fn (a term has none).
@@ -191,11 +191,11 @@ func (a *ownTx) check() error {
 
 // plan implements source. database/sql's attempts begin with BeginTx, so
 // the plan's statement is the lock statement alone.
-func (a *ownTx) plan(p *plan, keys []Key, stmt string) error {
+func (a *ownTx) plan(p *plan, keys []Key, first int, stmt string) error {
+	*p = plan{c: a.c, a: a, keys: keys, first: first, stmt: stmt}
 	if stmt == "" {
-		stmt = lockStatement(a.c.spec(keys, formOwnTx), formOwnTx)
+		p.stmt = lockStatement(p.spec(formOwnTx), formOwnTx)
 	}
-	*p = plan{c: a.c, a: a, keys: keys, stmt: stmt}
 	return nil
 }
 
@@ -299,8 +299,8 @@ func (t *sqlHeld) Close() {
 	}
 }
 
-// end rolls back the transaction of an attempt that failed, and closes it.
-func (t *sqlHeld) end() {
+// abort rolls back the transaction of an attempt that failed, and closes it.
+func (t *sqlHeld) abort() {
 	_ = t.tx.Rollback()
 	t.Close()
 }

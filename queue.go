@@ -136,7 +136,10 @@ func (t *ticket) othersQueued() bool {
 // config.headWindow): a call whose key was busy within hotFor queues before
 // its first attempt, and so waits in the server at once, instead of first
 // making a poll that would most likely find the lock busy too. Keys that
-// share a slot only share that hint.
+// share a slot only share that hint. A queue key is the pool's as well as
+// the statement's: calls on another pool of the process (a pgx pool beside
+// a *sql.DB, or the benchmark's pools that stand for processes) keep hints
+// of their own, as another process would.
 var recentlyBusy [64]atomic.Int64
 
 // hotFor is how long a busy lock makes its key's next calls queue first.
@@ -145,7 +148,7 @@ const hotFor = time.Second
 var busySeed = maphash.MakeSeed()
 
 func (t *ticket) busySlot() *atomic.Int64 {
-	return &recentlyBusy[maphash.String(busySeed, t.key.stmt)%uint64(len(recentlyBusy))]
+	return &recentlyBusy[maphash.Comparable(busySeed, t.key)%uint64(len(recentlyBusy))]
 }
 
 // markBusy records that the call found its lock busy at now.
@@ -243,7 +246,7 @@ func (t *ticket) passAtGrant() bool {
 // fn's return to the transaction's end, as for passAtReturn's.
 func (t *ticket) markHandoff() { t.handedAt = time.Now() }
 
-// pass passes the turn on at once, carrying nothing: the next caller may
+// passNow passes the turn on at once, carrying nothing: the next caller may
 // start its wait in the server while this call's transaction ends.
 func (t *ticket) passNow() { t.passTurn(nil) }
 
@@ -292,19 +295,19 @@ func (t *ticket) passTurnLocked(prevEnd chan struct{}) {
 	next.turn <- prevEnd
 }
 
-// queueStmt is the statement that names the local queue of keys for c's
-// calls, given their lock statement stmt (without a BEGIN): stmt itself,
-// or the same without the holder's label (WithOwner) and with the test for
+// queueStmt is the statement that names the local queue of p's calls,
+// given their lock statement p.stmt (without a BEGIN): p.stmt itself, or
+// the same without the holder's label (WithOwner) and with the test for
 // recovery of a read-write transaction (appendInRecovery), so that calls
 // with and without labels, or with different ones, and READ ONLY calls
 // beside the others, share a queue.
 //
 // A semaphore's statement asks for the slots from the call's first (see
 // semaphoreStatement): its queue is named by the statement from slot 0.
-func (c *config) queueStmt(keys []Key, stmt string) string {
-	s := c.spec(keys, formOwnTx)
-	if c.owner == "" && c.first == 0 && s.readWrite {
-		return stmt
+func (p *plan) queueStmt() string {
+	s := p.spec(formOwnTx)
+	if s.owner == "" && s.first == 0 && s.readWrite {
+		return p.stmt
 	}
 	s.owner, s.first, s.readWrite = "", 0, true
 	return lockStatement(s, formOwnTx)

@@ -261,19 +261,19 @@ func (q noArgsQuerier) QueryRow(ctx context.Context, query string, _ []any, dest
 		return preparedRow(ctx, db, query, dest...)
 	case Querier:
 		return db.QueryRowContext(ctx, query).Scan(dest...)
-	case rowsQueryer:
+	case queryContexter:
 		return rowsQuerier{db}.QueryRow(ctx, query, nil, dest...)
 	}
 	return fmt.Errorf("%w: %T cannot run a query", ErrInvalidArgument, q.db)
 }
 
-// rowsQueryer is the database/sql method Registry.Keyspaces needs.
-type rowsQueryer interface {
+// queryContexter is the database/sql method Registry.Keyspaces needs.
+type queryContexter interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
 // rowsQuerier is a database/sql QueryContext as a driver.Querier.
-type rowsQuerier struct{ db rowsQueryer }
+type rowsQuerier struct{ db queryContexter }
 
 func (q rowsQuerier) QueryRow(ctx context.Context, query string, args []any, dest ...any) error {
 	rows, err := q.db.QueryContext(ctx, query, args...)

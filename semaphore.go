@@ -75,23 +75,22 @@ func DriverSemaphore(ctx context.Context, a driver.Acquirer, key Key, n int, try
 }
 
 // semaphoreKeys returns the keys of the n slots of key, in slot order, for
-// a call that c makes a semaphore (c.slots > 0), and picks the slot its
-// attempts ask for first; else keys, unchanged.
-func (c *config) semaphoreKeys(keys []Key) ([]Key, error) {
+// a call that c makes a semaphore (c.slots > 0), and the slot, picked at
+// random, that its attempts ask for first; else keys, unchanged.
+func (c *config) semaphoreKeys(keys []Key) (slots []Key, first int, err error) {
 	if c.slots == 0 {
-		return keys, nil
+		return keys, 0, nil
 	}
 	if len(keys) != 1 {
-		return nil, fmt.Errorf("%w: a semaphore has one key, got %d", ErrInvalidArgument, len(keys))
+		return nil, 0, fmt.Errorf("%w: a semaphore has one key, got %d", ErrInvalidArgument, len(keys))
 	}
-	slots := make([]Key, c.slots)
+	slots = make([]Key, c.slots)
 	for i := range slots {
 		if slots[i] = SlotKey(keys[0], i); slots[i].err != nil {
-			return nil, slots[i].err
+			return nil, 0, slots[i].err
 		}
 	}
-	c.first = rand.IntN(c.slots)
-	return slots, nil
+	return slots, rand.IntN(c.slots), nil
 }
 
 // SlotKey returns the advisory key of slot i (from 0) of a semaphore of key

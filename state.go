@@ -103,7 +103,7 @@ type lockState struct {
 	// grantedAt is when the lock was granted, for the events' Held: set
 	// only for a call with an Observer.
 	grantedAt time.Time
-	// held is the granted lock and its transaction (see waiter.settle).
+	// held is the granted lock and its transaction (see plan.settle).
 	held holder
 
 	mu     sync.Mutex

@@ -141,9 +141,10 @@ type lockSpec struct {
 }
 
 // spec is c's lockSpec for keys, in a transaction of txlock's own
-// (formOwnTx) or the caller's.
+// (formOwnTx) or the caller's, asking a semaphore's slots from slot 0 (see
+// plan.spec).
 func (c *config) spec(keys []Key, f stmtForm) lockSpec {
-	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0, first: c.first,
+	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0,
 		readWrite: f == formOwnTx && (c.txOpts == nil || !c.txOpts.ReadOnly)}
 }
 

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"slices"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // WithLock takes the exclusive transaction-scoped advisory lock key, then runs
@@ -93,6 +95,23 @@ func startCall(ctx context.Context, db DB, fn func(context.Context, *sql.Tx) err
 	return lockLoop(ctx, &cl.c, cl.c.waitMode(try), &cl.p, &cl.own, t, &cl.st0)
 }
 
+// DriverLock runs a call of the WithLock family whose attempts a driver
+// makes (package driver): WithLock, or for several keys, taken all or
+// nothing, WithLocks; with try, TryWithLock or TryWithLocks. It is how a
+// driver package such as pgxlock reuses txlock's lock loop, with the same
+// options, local queues, events, fencing tokens and errors; users call the
+// driver package's functions. keys and opts are checked as WithLock checks
+// them, before a's first attempt; a single key's slice is not kept.
+func DriverLock(ctx context.Context, a driver.Acquirer, keys []Key, try bool, opts ...Option) (acquired bool, err error) {
+	cl := &call{}
+	cl.drv = driverAcquirer{a: a, c: &cl.c}
+	t, err := cl.prepare(ctx, &cl.drv, keys, try, opts)
+	if err != nil {
+		return false, err
+	}
+	return lockLoop(ctx, &cl.c, cl.c.waitMode(try), &cl.p, &cl.drv, t, &cl.st0)
+}
+
 // prepare is the setup of every call of the WithLock family, database/sql's
 // and a driver's, before its lock loop: it reads opts, checks the call's
 // arguments (a.check) and keys, plans a's attempts, and returns the call's
@@ -111,11 +130,11 @@ func (cl *call) prepare(ctx context.Context, a source, keys []Key, try bool, opt
 		return nil, err
 	}
 	cl.st0.lock = Lock{Keys: held, Shared: c.shared, Held: true, Slots: c.slots}
-	locked, err := c.semaphoreKeys(held) // for a semaphore, its slots' keys
+	locked, first, err := c.semaphoreKeys(held) // for a semaphore, its slots' keys
 	if err != nil {
 		return nil, err
 	}
-	if err := a.plan(&cl.p, locked, ""); err != nil {
+	if err := a.plan(&cl.p, locked, first, ""); err != nil {
 		return nil, err
 	}
 	cl.ev.start(c.obs, ctx)
@@ -127,7 +146,7 @@ func (cl *call) prepare(ctx context.Context, a source, keys []Key, try bool, opt
 	if h == nil {
 		return nil, nil
 	}
-	cl.t.key = queueKey{handle: h, stmt: c.queueStmt(locked, cl.p.stmt), serverWait: c.serverWait != nil, slots: c.slots}
+	cl.t.key = queueKey{handle: h, stmt: cl.p.queueStmt(), serverWait: c.serverWait != nil, slots: c.slots}
 	return &cl.t, nil
 }
 

@@ -57,7 +57,7 @@ func (s *fakeServer) grants() []string {
 	return append([]string(nil), s.order...)
 }
 
-// fakeLock is an acquirer over a fakeServer. Like ownTx, an attempt waits
+// fakeLock is a keeper over a fakeServer. Like ownTx, an attempt waits
 // for bound.prevEnd before it tries.
 type fakeLock struct {
 	name     string
@@ -158,6 +158,27 @@ func (c *fakeClock) sleep(ctx context.Context, d time.Duration) bool {
 	}
 	c.advance(d)
 	return true
+}
+
+// A busy lock makes the next calls of its own local queue queue first
+// (ticket.hot), not those of another pool's queue for the same statement.
+func TestHotIsPerQueue(t *testing.T) {
+	testConfig(t, nil)
+	now := time.Now()
+	stmt := "SELECT pg_catalog.pg_try_advisory_xact_lock(1)"
+	pools := make([]int, 9)
+	busy := &ticket{key: queueKey{handle: &pools[0], stmt: stmt}}
+	busy.markBusy(now)
+	assert.True(t, busy.hot(now))
+	assert.True(t, (&ticket{key: queueKey{handle: &pools[0], stmt: stmt}}).hot(now), "the same queue")
+	others := 0
+	for i := 1; i < len(pools); i++ { // a slot of 64 may be shared: not all 8 others
+		if (&ticket{key: queueKey{handle: &pools[i], stmt: stmt}}).hot(now) {
+			others++
+		}
+	}
+	assert.Less(t, others, len(pools)-1, "other pools' queues for the same statement")
+	testConfig(t, nil)
 }
 
 // testConfig returns a config from opts, on clk if it is not nil. It
@@ -802,8 +823,9 @@ func TestWaitHeadWindow(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			clk := newFakeClock()
 			c := testConfig(t, clk, tc.opts...)
-			if tc.hot {
-				newTicket(new(int), false).markBusy(clk.now().Add(-hotFor / 2))
+			pool := new(int)
+			if tc.hot { // an earlier call of the same queue
+				newTicket(pool, false).markBusy(clk.now().Add(-hotFor / 2))
 			}
 			srv := &fakeServer{}
 			require.True(t, srv.take("outsider"))
@@ -813,7 +835,7 @@ func TestWaitHeadWindow(t *testing.T) {
 					srv.release("outsider")
 				}
 			}}}
-			tk := newTicket(new(int), false)
+			tk := newTicket(pool, false)
 			lock := Lock{Keys: testKeys}
 			if tc.keys != nil {
 				lock.Keys = tc.keys
@@ -885,7 +907,7 @@ type fake interface {
 // A fakeAcquirer is a fake that runs fn.
 type fakeAcquirer interface {
 	fake
-	acquirer
+	keeper
 }
 
 // fakeAttempts is a fake as an attempter: its outcomes are answers of the
@@ -932,9 +954,9 @@ func (fakeTx) Rollback() error              { return nil }
 func (fakeTx) Close()                       {}
 
 // loopOn runs lockLoop for keys, from a first round's state of its own: a
-// runs fn if it is an acquirer.
+// runs fn if it is a keeper.
 func loopOn(ctx context.Context, c *config, mode waitMode, a fake, keys []Key, t *ticket) (bool, error) {
-	h, _ := a.(acquirer)
+	h, _ := a.(keeper)
 	ev := &events{}
 	ev.start(c.obs, ctx)
 	return lockLoop(ctx, c, mode, &plan{c: c, a: fakeAttempts{a, t}, keys: keys}, h, t, &lockState{lock: Lock{Keys: keys, Shared: c.shared, Held: true}, ev: ev.orNil()})
@@ -1016,10 +1038,10 @@ func TestQueueStmtIgnoresOwner(t *testing.T) {
 	l := lockStatement(labelled.spec(keys, formOwnTx), formOwnTx)
 	o := lockStatement(other.spec(keys, formOwnTx), formOwnTx)
 	require.NotEqual(t, p, l)
-	assert.Equal(t, p, plain.queueStmt(keys, p))
-	assert.Equal(t, p, labelled.queueStmt(keys, l))
-	assert.Equal(t, p, other.queueStmt(keys, o))
+	assert.Equal(t, p, (&plan{c: &plain, keys: keys, stmt: p}).queueStmt())
+	assert.Equal(t, p, (&plan{c: &labelled, keys: keys, stmt: l}).queueStmt())
+	assert.Equal(t, p, (&plan{c: &other, keys: keys, stmt: o}).queueStmt())
 	r := lockStatement(readOnly.spec(keys, formOwnTx), formOwnTx)
 	require.NotEqual(t, p, r, "a READ ONLY call's test for recovery")
-	assert.Equal(t, p, readOnly.queueStmt(keys, r))
+	assert.Equal(t, p, (&plan{c: &readOnly, keys: keys, stmt: r}).queueStmt())
 }
