@@ -102,7 +102,7 @@ type plan struct {
 
 // spec is the lockSpec of p's statements in form f.
 func (p *plan) spec(f stmtForm) lockSpec {
-	s := p.c.spec(p.keys, f)
+	s := p.c.specOf(p.keys, f)
 	s.first = p.first
 	return s
 }
@@ -166,7 +166,7 @@ func (p *plan) settle(ctx context.Context, st *lockState, ab attemptBound, r dri
 		err = errors.New("txlock: the attempt returned neither a transaction nor an error")
 	default:
 		var slot int
-		out, err = c.outcome(r.Rows, &slot)
+		out, err = c.decodeRows(r.Rows, &slot)
 		switch {
 		case out != granted || err != nil:
 		case ctx.Err() != nil:
@@ -194,7 +194,7 @@ func (p *plan) settle(ctx context.Context, st *lockState, ab attemptBound, r dri
 		st.grantedAt = c.clock.now() // before the hold bound starts
 	}
 	if c.maxHold > 0 {
-		st.held.bound(c.maxHold)
+		st.held.limitHold(c.maxHold)
 	}
 	return granted, nil
 }
@@ -208,21 +208,28 @@ func endTx(tx driver.Tx) {
 	}
 }
 
+// A ctxTx is a transaction that a context of its own ends: database/sql's
+// (sqlHeld), whose context's cancel ends it.
+type ctxTx interface {
+	txContext() (context.Context, context.CancelCauseFunc)
+}
+
 // newHolder is the holder of tx, granted under ctx: fn runs under ctx. A
 // database/sql transaction with a context of its own (sqlHeld) is ended
 // by it; a driver's transaction has no context, and its statements end with
 // fn's (which the hold bound, if any, ends, and the server's side of the
 // bound ends the session).
 func newHolder(ctx context.Context, tx driver.Tx) holder {
-	if t, ok := tx.(*sqlHeld); ok {
-		return holder{tx: tx, txCtx: t.txCtx, fnCtx: ctx, cancel: t.cancel}
+	if t, ok := tx.(ctxTx); ok {
+		txCtx, cancel := t.txContext()
+		return holder{tx: tx, txCtx: txCtx, fnCtx: ctx, cancel: cancel}
 	}
 	return holder{tx: tx, txCtx: ctx, fnCtx: ctx}
 }
 
-// outcome decodes the row count of c's lock statement: rowsOutcome's, or
+// decodeRows decodes the row count of c's lock statement: rowsOutcome's, or
 // for a semaphore slotsOutcome's, which sets *slot to the slot granted.
-func (c *config) outcome(rows int64, slot *int) (outcome, error) {
+func (c *config) decodeRows(rows int64, slot *int) (outcome, error) {
 	if c.slots == 0 {
 		return rowsOutcome(rows)
 	}

@@ -42,10 +42,10 @@ func DriverTerm(ctx context.Context, a driver.Acquirer, key Key, try bool, locke
 	return t.campaign(ctx, &t.drv, try)
 }
 
-// queueStmt names the local queue of t's candidates, given their statement
+// queueName names the local queue of t's candidates, given their statement
 // stmt: stmt itself, or without the holder's label (WithOwner), so that
 // candidates with different labels queue together.
-func (t *Term) queueStmt(stmt string) string {
+func (t *Term) queueName(stmt string) string {
 	if t.c.owner == "" {
 		return stmt
 	}
@@ -107,7 +107,7 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 	if !try {
 		if h := a.queueHandle(); h != nil {
 			q = &t.q
-			q.key = queueKey{handle: h, stmt: t.queueStmt(t.p.stmt)}
+			q.key = queueKey{handle: h, stmt: t.queueName(t.p.stmt)}
 		}
 	}
 	t.ev.start(c.obs, ctx)

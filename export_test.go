@@ -87,7 +87,7 @@ func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, read
 	if err := c.init(opts, false); err != nil {
 		return "", err
 	}
-	s := c.spec(keys, formOwnTx)
+	s := c.specOf(keys, formOwnTx)
 	var stmt string
 	switch kind {
 	case "poll":
@@ -100,7 +100,7 @@ func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, read
 	default:
 		return "", fmt.Errorf("OwnTxAttempt: no kind %q", kind)
 	}
-	// As waiter.settle decodes the answer.
+	// As plan.settle decodes the answer.
 	var out outcome
 	res, err := tx.ExecContext(ctx, stmt)
 	if err != nil {
@@ -109,7 +109,7 @@ func OwnTxAttempt(ctx context.Context, tx *sql.Tx, kind string, keys []Key, read
 		return "", fmt.Errorf("txlock: lock statement result: %w", rerr)
 	} else {
 		var slot int
-		out, err = c.outcome(n, &slot)
+		out, err = c.decodeRows(n, &slot)
 	}
 	return [...]string{busy: "busy", granted: "granted", standby: "standby", again: "again"}[out], err
 }

@@ -25,12 +25,12 @@ type keeper interface {
 	pooled() bool
 }
 
-// bound gives fn's context the hold bound d and, if the holder can end
+// limitHold gives fn's context the hold bound d and, if the holder can end
 // txCtx, ends it when the bound passes (database/sql rolls back a
 // transaction whose context ends; a driver whose transaction has no
 // context ends fn's statements by fnCtx, and the server's side of the
 // bound ends the session).
-func (h *holder) bound(d time.Duration) {
+func (h *holder) limitHold(d time.Duration) {
 	fnCtx, stopHold := context.WithTimeoutCause(h.txCtx, d, ErrHoldTimeout)
 	h.fnCtx, h.stopHold = fnCtx, stopHold
 	// cancel, not h.cancel: the closure must not read the holder, which
@@ -162,9 +162,9 @@ func (h *holder) rolledBackErr() error {
 // back.
 var errHoldRolledBack = fmt.Errorf("%w; transaction rolled back", ErrHoldTimeout)
 
-// holdUnlocked runs fn without the lock, through a, once the wait for st's
+// runUnlocked runs fn without the lock, through a, once the wait for st's
 // lock timed out (WithFailOpen).
-func (c *config) holdUnlocked(ctx context.Context, a keeper, st *lockState) error {
+func (c *config) runUnlocked(ctx context.Context, a keeper, st *lockState) error {
 	l := &st.lock
 	c.logger.WarnContext(ctx, "txlock: lock not granted; running fn without it (fail-open)",
 		"keys", keysString(l.Keys), "attempts", l.Attempts, "waited", l.Waited)

@@ -69,7 +69,7 @@ func lockTx(ctx context.Context, tx driver.Execer, key Key, try bool, opts []Opt
 	}
 	a.one[0] = key
 	a.st.lock = Lock{Keys: a.one[:], Shared: c.shared, Held: true}
-	a.p = plan{c: c, a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.spec(a.st.lock.Keys, formCallerTx), formCallerTx)}
+	a.p = plan{c: c, a: a, keys: a.st.lock.Keys, stmt: lockStatement(c.specOf(a.st.lock.Keys, formCallerTx), formCallerTx)}
 	a.ev.start(c.obs, ctx)
 	a.st.ev = a.ev.orNil()
 	return lockLoop(ctx, c, c.waitMode(try), &a.p, nil, nil, &a.st)
@@ -100,7 +100,7 @@ func (a *callerTx) Attempt(ctx context.Context, r driver.Request) (driver.Result
 	if r.Window <= 0 {
 		return execRows(ctx, a.tx, r.Stmt), nil
 	}
-	res := execRows(ctx, a.tx, savepoint+quietWait(a.c.spec(a.st.lock.Keys, formCallerTx), r.Window, "lock_not_available"))
+	res := execRows(ctx, a.tx, savepoint+quietWait(a.c.specOf(a.st.lock.Keys, formCallerTx), r.Window, "lock_not_available"))
 	if res.Err == nil {
 		if _, err := a.tx.ExecRows(ctx, releaseSavepoint); err != nil {
 			return driver.Result{}, fmt.Errorf("txlock: release savepoint: %w", err)

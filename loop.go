@@ -56,7 +56,7 @@ func (c *config) waitMode(try bool) waitMode {
 // st is the first round's fn context, whose lock field says what is locked.
 // The events are reported by the waiter (waiter.event: WaitStarted and Busy
 // as they happen, the wait's end at its exits) and by the hold's end
-// (config.released, config.holdUnlocked).
+// (config.released, config.runUnlocked).
 func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h keeper, t *ticket, st *lockState) (bool, error) {
 	w := &waiter{c: c, mode: mode, p: p, t: t}
 	holding := false // fn runs: if it panics, the lock's end is reported
@@ -110,7 +110,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h keeper, 
 		case h != nil && c.failOpen && mode != tryOnce && reachedDeadline(werr):
 			w.wc.stop()
 			t.leave()
-			return false, c.holdUnlocked(ctx, h, st)
+			return false, c.runUnlocked(ctx, h, st)
 		default:
 			return false, werr
 		}

@@ -104,7 +104,7 @@ func (a *ownTx) result(res sql.Result, err error) (driver.Result, error) {
 func (a *ownTx) grants(res sql.Result) bool {
 	n, err := res.RowsAffected()
 	var slot int
-	out, err2 := a.c.outcome(n, &slot)
+	out, err2 := a.c.decodeRows(n, &slot)
 	return err == nil && err2 == nil && out == granted
 }
 
@@ -298,6 +298,9 @@ func (t *sqlHeld) Close() {
 		t.cancel(nil)
 	}
 }
+
+// txContext implements ctxTx.
+func (t *sqlHeld) txContext() (context.Context, context.CancelCauseFunc) { return t.txCtx, t.cancel }
 
 // abort rolls back the transaction of an attempt that failed, and closes it.
 func (t *sqlHeld) abort() {

@@ -79,7 +79,7 @@ func domain(name string) shadow {
 // force look as if it ends later than the hold bound. The key columns of the test's own fenced
 // table are bigint, whose = is deliberately not shadowed: a fenced write
 // compares the caller's columns with the caller's operators (see
-// FencedTable.match).
+// fencedStmt.match).
 var shadows = []shadow{
 	fn("pg_try_advisory_xact_lock(pg_catalog.int8)", "pg_catalog.bool", "RETURN true", "SELECT pg_try_advisory_xact_lock(1::bigint)"),
 	fn("pg_try_advisory_xact_lock(pg_catalog.int4, pg_catalog.int4)", "pg_catalog.bool", "RETURN true", "SELECT pg_try_advisory_xact_lock(1::integer, 2::integer)"),

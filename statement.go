@@ -140,10 +140,10 @@ type lockSpec struct {
 	readWrite bool
 }
 
-// spec is c's lockSpec for keys, in a transaction of txlock's own
+// specOf is c's lockSpec for keys, in a transaction of txlock's own
 // (formOwnTx) or the caller's, asking a semaphore's slots from slot 0 (see
 // plan.spec).
-func (c *config) spec(keys []Key, f stmtForm) lockSpec {
+func (c *config) specOf(keys []Key, f stmtForm) lockSpec {
 	return lockSpec{keys: keys, shared: c.shared, maxHold: c.maxHold, owner: c.owner, slots: c.slots > 0,
 		readWrite: f == formOwnTx && (c.txOpts == nil || !c.txOpts.ReadOnly)}
 }

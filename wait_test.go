@@ -1034,14 +1034,14 @@ func TestQueueStmtIgnoresOwner(t *testing.T) {
 	require.NoError(t, other.init([]Option{WithOwner("another")}, false))
 	var readOnly config
 	require.NoError(t, readOnly.init([]Option{WithTxOptions(&sql.TxOptions{ReadOnly: true})}, false))
-	p := lockStatement(plain.spec(keys, formOwnTx), formOwnTx)
-	l := lockStatement(labelled.spec(keys, formOwnTx), formOwnTx)
-	o := lockStatement(other.spec(keys, formOwnTx), formOwnTx)
+	p := lockStatement(plain.specOf(keys, formOwnTx), formOwnTx)
+	l := lockStatement(labelled.specOf(keys, formOwnTx), formOwnTx)
+	o := lockStatement(other.specOf(keys, formOwnTx), formOwnTx)
 	require.NotEqual(t, p, l)
 	assert.Equal(t, p, (&plan{c: &plain, keys: keys, stmt: p}).queueStmt())
 	assert.Equal(t, p, (&plan{c: &labelled, keys: keys, stmt: l}).queueStmt())
 	assert.Equal(t, p, (&plan{c: &other, keys: keys, stmt: o}).queueStmt())
-	r := lockStatement(readOnly.spec(keys, formOwnTx), formOwnTx)
+	r := lockStatement(readOnly.specOf(keys, formOwnTx), formOwnTx)
 	require.NotEqual(t, p, r, "a READ ONLY call's test for recovery")
 	assert.Equal(t, p, (&plan{c: &readOnly, keys: keys, stmt: r}).queueStmt())
 }
