@@ -237,11 +237,11 @@ func TestDrawConnectionKeepsItsServer(t *testing.T) {
 		})
 	}
 	t.Run("timeouts", func(t *testing.T) {
-		url := pgtest.Postgres(t) + "&idle_in_transaction_session_timeout=200ms"
+		url := pgtest.Postgres(t) + "&idle_in_transaction_session_timeout=1s" // a loaded machine's pause between two statements stays below it
 		var version int
 		require.NoError(t, admin.QueryRow(`SELECT current_setting('server_version_num')::int`).Scan(&version))
 		if version >= 170000 {
-			url += "&transaction_timeout=200ms"
+			url += "&transaction_timeout=1s"
 		}
 		db := open(t, url)
 		err := txlock.WithLock(context.Background(), db, txlock.StringKey(uniq(t)), func(ctx context.Context, tx *sql.Tx) error {
@@ -250,7 +250,7 @@ func TestDrawConnectionKeepsItsServer(t *testing.T) {
 				CASE WHEN current_setting('transaction_timeout', true) IS NOT NULL THEN set_config('transaction_timeout', '0', true) END`); err != nil {
 				return err
 			}
-			time.Sleep(600 * time.Millisecond)
+			time.Sleep(3 * time.Second) // past both timeouts
 			_, err := txlock.FenceToken(ctx)
 			return err
 		}, txlock.WithFencing())
