@@ -27,6 +27,14 @@ type attempter interface {
 	Attempt(ctx context.Context, r driver.Request) (driver.Result, error)
 }
 
+// earlyBeginner is an attempter whose transactions begin with a round trip
+// of their own (database/sql's ownTx): beginEarly begins the next
+// attempt's transaction while the call, next in line, waits for its turn
+// within b (see ticket.passAtGrant).
+type earlyBeginner interface {
+	beginEarly(ctx context.Context, b bound)
+}
+
 // A source is where a call's attempts are made, and its keeper: what a
 // call's setup needs (call.prepare, Term.campaign), the same for database/sql
 // and for a driver.

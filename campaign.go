@@ -143,7 +143,7 @@ func (t *Term) campaign(ctx context.Context, a source, try bool) (*Term, error) 
 		// that candidates of this process wait in the queue, without
 		// polling, for as long as the term lasts. (enter with an ended
 		// context never waits.)
-		q.enter(endedCtx)
+		q.enter(endedCtx, nil)
 	}
 	t.queued = q != nil
 	t.start = ta.sent

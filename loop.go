@@ -326,10 +326,17 @@ func (w *waiter) pause(ctx context.Context) bool {
 	return c.clock.sleep(w.b.waitCtx, d)
 }
 
-// enter waits for the turn in the local queue, until the deadline.
+// enter waits for the turn in the local queue, until the deadline. Once
+// next in line behind a turn passed at the grant, an attempter that begins
+// its transactions apart from the lock statement (database/sql's) begins
+// the next one then (earlyBeginner).
 func (w *waiter) enter(ctx context.Context) bool {
 	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
-	if !w.t.enter(w.b.waitCtx) {
+	var early func()
+	if e, ok := w.p.a.(earlyBeginner); ok {
+		early = func() { e.beginEarly(ctx, w.b) }
+	}
+	if !w.t.enter(w.b.waitCtx, early) {
 		return false
 	}
 	w.b.prevEnd = w.t.prevEnd

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/txlock/txlock/driver"
@@ -21,17 +22,97 @@ type ownTx struct {
 	pool *sql.DB // the pool behind db, if the call queues on one; else nil
 	fn   func(context.Context, *sql.Tx) error
 	held sqlHeld // the last attempt's transaction
+
+	mu    sync.Mutex
+	early *earlyTx // begun by beginEarly for the next attempt, or nil
 }
 
 var (
-	_ attempter = (*ownTx)(nil)
-	_ source    = (*ownTx)(nil)
+	_ attempter     = (*ownTx)(nil)
+	_ source        = (*ownTx)(nil)
+	_ earlyBeginner = (*ownTx)(nil)
 )
 
-// maxEarlyBegin bounds how long a caller that was handed its turn before the
-// previous holder's transaction ended holds its begun transaction, and so a
-// connection, while that holder's COMMIT runs (see queue.go).
+// maxEarlyBegin bounds how long a caller holds a transaction, and so a
+// connection, that it began before its lock statement could go: handed
+// its turn before the previous holder's transaction ended, while that
+// holder's COMMIT runs (see queue.go), or next in line (beginEarly).
 const maxEarlyBegin = 50 * time.Millisecond
+
+// earlyTx is a transaction that beginEarly began for the call's next
+// attempt, bound to the wait (tie) as an attempt's is.
+type earlyTx struct {
+	tx     *sql.Tx
+	txCtx  context.Context
+	cancel context.CancelCauseFunc
+	tie    deadlineTie
+	expire *time.Timer // rolls it back after maxEarlyBegin, if no attempt took it
+}
+
+// beginEarly implements earlyBeginner: the call is next in line behind a
+// turn passed at the grant, across a network, and its turn comes at the
+// next grant. Its window then goes out at once, instead of after a BEGIN's
+// round trip. It begins only on an idle connection of the pool, never
+// opening one, and never for a term.
+func (a *ownTx) beginEarly(ctx context.Context, b bound) {
+	if a.c.term || a.pool == nil || a.pool.Stats().Idle == 0 {
+		return
+	}
+	a.mu.Lock()
+	have := a.early != nil
+	a.mu.Unlock()
+	if have {
+		return
+	}
+	txCtx, cancel := context.WithCancelCause(ctx)
+	tie := tieTo(driver.Request{Deadline: b.deadline, WaitCtx: b.waitCtx}, cancel)
+	tx, err := a.db.BeginTx(txCtx, a.c.txOpts)
+	if err != nil {
+		tie.untie()
+		cancel(nil)
+		return
+	}
+	e := &earlyTx{tx: tx, txCtx: txCtx, cancel: cancel, tie: tie}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.early = e
+	e.expire = time.AfterFunc(maxEarlyBegin, func() {
+		a.mu.Lock()
+		mine := a.early == e
+		if mine {
+			a.early = nil
+		}
+		a.mu.Unlock()
+		if mine {
+			e.drop()
+		}
+	})
+}
+
+// takeEarly returns the transaction that beginEarly began, if it is still
+// open, for an attempt to use; nil if there is none.
+func (a *ownTx) takeEarly() *earlyTx {
+	a.mu.Lock()
+	e := a.early
+	a.early = nil
+	a.mu.Unlock()
+	if e == nil {
+		return nil
+	}
+	e.expire.Stop()
+	if e.txCtx.Err() != nil { // the wait ended: database/sql rolls it back
+		e.drop()
+		return nil
+	}
+	return e
+}
+
+// drop rolls e back.
+func (e *earlyTx) drop() {
+	e.tie.untie()
+	_ = e.tx.Rollback()
+	e.cancel(nil)
+}
 
 // Attempt implements attempter. Until the lock is granted, the attempt's
 // transaction is bound to r's deadline and context as well as to ctx, so
@@ -59,9 +140,19 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 			return a.result(tx.ExecContext(ctx, r.Stmt))
 		}
 	}
-	txCtx, txCancel := context.WithCancelCause(ctx)
-	tie := tieTo(r, txCancel)
-	tx, err := a.beginTx(txCtx, r.PrevEnd)
+	var (
+		txCtx    context.Context
+		txCancel context.CancelCauseFunc
+		tie      deadlineTie
+		begun    *sql.Tx
+	)
+	if e := a.takeEarly(); e != nil {
+		txCtx, txCancel, tie, begun = e.txCtx, e.cancel, e.tie, e.tx
+	} else {
+		txCtx, txCancel = context.WithCancelCause(ctx)
+		tie = tieTo(r, txCancel)
+	}
+	tx, err := a.beginTx(txCtx, r.PrevEnd, begun)
 	if err != nil {
 		tie.untie()
 		txCancel(nil)
@@ -108,22 +199,29 @@ func (a *ownTx) grants(res sql.Result) bool {
 	return err == nil && err2 == nil && out == granted
 }
 
-// beginTx begins an attempt's transaction. If the turn was handed on before
-// the previous holder's transaction ended, it then waits for prevEnd, so
-// that the lock statement finds the lock free; if that takes longer than
-// maxEarlyBegin, it rolls back, waits without a connection, and begins
-// again. When the pool has no idle connection, an early BEGIN would open
-// one, or wait for the holder's: beginTx then waits first.
-func (a *ownTx) beginTx(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
-	if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
-		if err := awaitEnd(ctx, prevEnd); err != nil {
+// beginTx begins an attempt's transaction, unless begun is one that
+// beginEarly began. If the turn was handed on before the previous holder's
+// transaction ended, it then waits for prevEnd, so that the lock statement
+// finds the lock free; if that takes longer than maxEarlyBegin, it rolls
+// back, waits without a connection, and begins again. When the pool has no
+// idle connection, an early BEGIN would open one, or wait for the
+// holder's: beginTx then waits first.
+func (a *ownTx) beginTx(ctx context.Context, prevEnd <-chan struct{}, begun *sql.Tx) (*sql.Tx, error) {
+	tx := begun
+	if tx == nil {
+		if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
+			if err := awaitEnd(ctx, prevEnd); err != nil {
+				return nil, err
+			}
+			prevEnd = nil
+		}
+		var err error
+		if tx, err = a.db.BeginTx(ctx, a.c.txOpts); err != nil {
 			return nil, err
 		}
-		prevEnd = nil
 	}
-	tx, err := a.db.BeginTx(ctx, a.c.txOpts)
-	if err != nil || prevEnd == nil {
-		return tx, err
+	if prevEnd == nil {
+		return tx, nil
 	}
 	t := time.NewTimer(maxEarlyBegin)
 	defer t.Stop()

@@ -40,7 +40,9 @@ import (
 //     waiting for the channel, which queues behind the holder. After such
 //     a slow handoff the turn passes earlier still, as soon as the holder's
 //     lock is granted (passAtGrant): the next caller's BEGIN and window
-//     then go out during the hold.
+//     then go out during the hold, and the caller after it begins its
+//     transaction, holding it for at most maxEarlyBegin, so that its own
+//     window goes out the moment its turn comes (ownTx.beginEarly).
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
 //     holder's transaction ends, with no round trip in between.
@@ -112,6 +114,9 @@ type ticket struct {
 	// turn receives the turn while the call waits for it, with what the
 	// turn carries.
 	turn chan chan struct{}
+	// next is signalled while the call waits, once it is next in line
+	// behind a turn passed at the grant (see passAtGrant).
+	next chan struct{}
 	// prevEnd is what the turn carried: see bound.prevEnd. It is passed on
 	// with the turn if the call gives up, so that the next caller, too,
 	// waits for the transaction it belongs to. Once that has ended, passing
@@ -166,8 +171,9 @@ func (t *ticket) entered() bool { return t.q != nil }
 
 // enter queues the call and waits for its turn, until waitCtx ends. It
 // reports whether the turn came. Callers get the turn in the order in which
-// they entered.
-func (t *ticket) enter(waitCtx context.Context) bool {
+// they entered. If the call becomes next in line behind a turn passed at
+// the grant, enter calls early, if it is not nil, and waits on.
+func (t *ticket) enter(waitCtx context.Context, early func()) bool {
 	queues.Lock()
 	if queues.m == nil {
 		queues.m = map[queueKey]*queue{}
@@ -184,15 +190,26 @@ func (t *ticket) enter(waitCtx context.Context) bool {
 		return true
 	}
 	if t.turn == nil {
-		t.turn = make(chan chan struct{}, 1)
+		t.turn, t.next = make(chan chan struct{}, 1), make(chan struct{}, 1)
 	}
 	q.waiting = append(q.waiting, t)
 	queues.Unlock()
-	select {
-	case t.prevEnd = <-t.turn:
-		t.q = q
-		return true
-	case <-waitCtx.Done():
+	for waiting := true; waiting; {
+		select {
+		case t.prevEnd = <-t.turn:
+			t.q = q
+			select {
+			case <-t.next: // a signal that came with the turn
+			default:
+			}
+			return true
+		case <-t.next:
+			if early != nil {
+				early()
+			}
+		case <-waitCtx.Done():
+			waiting = false
+		}
 	}
 	queues.Lock()
 	if i := slices.Index(q.waiting, t); i >= 0 {
@@ -227,18 +244,29 @@ func (t *ticket) passAtReturn() {
 // between the process and the server) and another caller is queued. The
 // next caller's window then goes to the server during this call's hold,
 // and is granted the moment this call's transaction ends, with no round
-// trip between; its BEGIN, a round trip of its own on database/sql, is out
-// of the way too. The turn carries t.end, as passAtReturn's does, for a
-// poll. It reports whether the turn was passed: fn's return then only
-// starts the handoff's measure (markHandoff).
+// trip between. The caller after that is told that it is next in line
+// (ticket.next), so that on database/sql, where BEGIN is a round trip of
+// its own, it begins its transaction now, and its window goes out at once
+// when its turn comes (see ownTx.beginEarly): else a hold shorter than a
+// round trip would end before that window reached the server. The turn
+// carries t.end, as passAtReturn's does, for a poll. It reports whether the
+// turn was passed: fn's return then only starts the handoff's measure
+// (markHandoff).
 func (t *ticket) passAtGrant() bool {
 	queues.Lock()
 	defer queues.Unlock()
-	if t.q.handoff <= slowHandoff || len(t.q.waiting) == 0 {
+	q := t.q
+	if q.handoff <= slowHandoff || len(q.waiting) == 0 {
 		return false
 	}
-	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Time{}, t.q
+	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Time{}, q
 	t.passTurnLocked(t.end)
+	if len(q.waiting) > 0 {
+		select {
+		case q.waiting[0].next <- struct{}{}:
+		default:
+		}
+	}
 	return true
 }
 

@@ -674,7 +674,7 @@ func TestWaitQueueTurnAsContextEnds(t *testing.T) {
 		require.Less(t, i, 10000, "the select never chose one of its ways")
 		handle := new(int)
 		holder := newTicket(handle, false)
-		require.True(t, holder.enter(context.Background()))
+		require.True(t, holder.enter(context.Background(), nil))
 		end := make(chan struct{})
 		w := newTicket(handle, false)
 		next := newTicket(handle, false)
@@ -682,11 +682,11 @@ func TestWaitQueueTurnAsContextEnds(t *testing.T) {
 		ctx := &raceCtx{Context: cancelled, hand: func() {
 			// w is queued and about to select: queue next behind it, then
 			// hand the turn on, early, as passAtReturn does.
-			go func() { nextIn <- next.enter(context.Background()) }()
+			go func() { nextIn <- next.enter(context.Background(), nil) }()
 			eventually(t, func() bool { return QueueRefs() == 3 }, "next queues behind w")
 			holder.passTurn(end)
 		}}
-		if w.enter(ctx) {
+		if w.enter(ctx, nil) {
 			took++
 			assert.Equal(t, end, w.prevEnd, "the turn carries the holder's end")
 			w.leave()
@@ -859,7 +859,7 @@ func TestWaitHeadWindow(t *testing.T) {
 func queueBehind(t *testing.T, holder, next *ticket) <-chan bool {
 	t.Helper()
 	entered := make(chan bool, 1)
-	go func() { entered <- next.enter(context.Background()) }()
+	go func() { entered <- next.enter(context.Background(), nil) }()
 	eventually(t, func() bool {
 		queues.Lock()
 		defer queues.Unlock()
@@ -875,7 +875,7 @@ func queueBehind(t *testing.T, holder, next *ticket) <-chan bool {
 func TestSlowHandoff(t *testing.T) {
 	h := new(int)
 	tickets := []*ticket{newTicket(h, false), newTicket(h, false), newTicket(h, false)}
-	require.True(t, tickets[0].enter(context.Background()))
+	require.True(t, tickets[0].enter(context.Background(), nil))
 	for i, took := range []time.Duration{2 * slowHandoff, 0} {
 		holder, next := tickets[i], tickets[i+1]
 		entered := queueBehind(t, holder, next)
@@ -995,7 +995,7 @@ func TestLoopPanicWithoutObserver(t *testing.T) {
 func TestHandOnAtGrant(t *testing.T) {
 	h := new(int)
 	holder, next := newTicket(h, false), newTicket(h, false)
-	require.True(t, holder.enter(context.Background()))
+	require.True(t, holder.enter(context.Background(), nil))
 	assert.False(t, holder.passAtGrant(), "nobody is queued")
 
 	entered := queueBehind(t, holder, next)

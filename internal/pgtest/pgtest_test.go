@@ -95,6 +95,21 @@ func TestPostgres(t *testing.T) {
 	}
 }
 
+// Delayed's proxy passes a session through, and each round trip takes at
+// least twice its latency.
+func TestDelayed(t *testing.T) {
+	t.Parallel()
+	const latency = 5 * time.Millisecond
+	db := openDB(t, pgtest.Delayed(t, pgtest.Postgres(t), latency))
+	var one int
+	require.NoError(t, db.QueryRowContext(ctx(t), "SELECT 1").Scan(&one)) // opens the connection
+	start := time.Now()
+	for range 3 {
+		require.NoError(t, db.QueryRowContext(ctx(t), "SELECT 1").Scan(&one))
+	}
+	assert.GreaterOrEqual(t, time.Since(start), 3*2*latency)
+}
+
 func TestStandby(t *testing.T) {
 	t.Parallel()
 	primary := openDB(t, pgtest.Postgres(t))
