@@ -28,11 +28,13 @@ type attempter interface {
 }
 
 // earlyBeginner is an attempter whose transactions begin with a round trip
-// of their own (database/sql's ownTx): beginEarly begins the next
-// attempt's transaction while the call, next in line, waits for its turn
-// within b (see ticket.passAtGrant).
+// of their own (database/sql's ownTx), which a call on deck begins before
+// its turn (see ticket.callOnDeck): beginEarly begins the next attempt's
+// transaction within b, and afterBegin sets what each attempt calls once
+// its transaction has begun.
 type earlyBeginner interface {
 	beginEarly(ctx context.Context, b bound)
+	afterBegin(f func())
 }
 
 // A source is where a call's attempts are made, and its keeper: what a

@@ -326,15 +326,15 @@ func (w *waiter) pause(ctx context.Context) bool {
 	return c.clock.sleep(w.b.waitCtx, d)
 }
 
-// enter waits for the turn in the local queue, until the deadline. Once
-// next in line behind a turn passed at the grant, an attempter that begins
-// its transactions apart from the lock statement (database/sql's) begins
-// the next one then (earlyBeginner).
+// enter waits for the turn in the local queue, until the deadline. With
+// the default strategy, an earlyBeginner begins its transaction on deck
+// (ticket.callOnDeck).
 func (w *waiter) enter(ctx context.Context) bool {
 	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
 	var early func()
-	if e, ok := w.p.a.(earlyBeginner); ok {
+	if e, ok := w.p.a.(earlyBeginner); ok && w.headWindow {
 		early = func() { e.beginEarly(ctx, w.b) }
+		e.afterBegin(w.t.callOnDeck)
 	}
 	if !w.t.enter(w.b.waitCtx, early) {
 		return false

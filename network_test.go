@@ -3,6 +3,8 @@ package txlock_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,57 +18,74 @@ import (
 )
 
 // Across a network, the default strategy passes the turn at the holder's
-// grant, and the caller after the next begins its transaction then
-// (ownTx.beginEarly): while a holder runs fn, one caller of its process
-// waits in the server's lock queue, and the next has a transaction begun
-// and no lock statement yet, so that its window goes out the moment its
-// turn comes. Without that early BEGIN, a hold shorter than a round trip
-// ends before the next window reaches the server. No more than one caller
-// of the process waits in the server at any time.
+// grant, and the caller first in line behind the one with the turn begins
+// its transaction early (ticket.callOnDeck): while a holder runs fn, one
+// caller of its process waits in the server's lock queue, and the next has
+// a transaction begun and no lock statement yet, in which it later holds
+// the lock. No more than one caller of the process waits in the server at
+// any time. database/sql keeps 2 idle connections unless told otherwise:
+// the early BEGIN works with those too.
 func TestEarlyBeginAcrossNetwork(t *testing.T) {
-	db, activity := delayedDB(t)
-	key := txlock.StringKey(uniq(t))
-	var inFn, overlaps, samples, begunBehindWaiter atomic.Int32
-	var mostWaiting atomic.Int32
-	sample := func() {
-		waiting, begun, _ := activity()
-		samples.Add(1)
-		if waiting > mostWaiting.Load() {
-			mostWaiting.Store(waiting)
-		}
-		if waiting > 0 && begun > 0 {
-			begunBehindWaiter.Add(1)
-		}
-	}
-	var wg sync.WaitGroup
-	for range 6 {
-		wg.Go(func() {
+	for _, idle := range []int{2, 10} {
+		t.Run(fmt.Sprintf("idle=%d", idle), func(t *testing.T) {
+			db, activity := delayedDB(t, idle)
+			key := txlock.StringKey(uniq(t))
+			var inFn, overlaps, mostWaiting atomic.Int32
+			var mu sync.Mutex
+			begunEarly := map[string]bool{} // sessions' transactions seen begun while another waited
+			var ran []string                // the transactions that fn ran in
+			var wg sync.WaitGroup
 			for range 6 {
-				assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
-					if inFn.Add(1) > 1 {
-						overlaps.Add(1)
+				wg.Go(func() {
+					for range 6 {
+						assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(ctx context.Context, tx *sql.Tx) error {
+							if inFn.Add(1) > 1 {
+								overlaps.Add(1)
+							}
+							defer inFn.Add(-1)
+							var self string
+							if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid() || ' ' || now()::text`).Scan(&self); err != nil {
+								return err
+							}
+							time.Sleep(15 * time.Millisecond) // the next callers' BEGINs and window go out
+							a := activity()
+							mu.Lock()
+							defer mu.Unlock()
+							ran = append(ran, self)
+							if a.waiting > mostWaiting.Load() {
+								mostWaiting.Store(a.waiting)
+							}
+							if a.waiting > 0 {
+								for _, s := range a.begun {
+									begunEarly[s] = true
+								}
+							}
+							return nil
+						}, txlock.WithTimeout(30*time.Second)))
 					}
-					defer inFn.Add(-1)
-					time.Sleep(15 * time.Millisecond) // the next callers' BEGIN and window go out
-					sample()
-					return nil
-				}, txlock.WithTimeout(30*time.Second)))
+				})
 			}
+			wg.Wait()
+			used := 0
+			for _, s := range ran {
+				if begunEarly[s] {
+					used++
+				}
+			}
+			t.Logf("%d of %d holds ran in a transaction seen begun while another caller waited in the server; most waiting at once: %d",
+				used, len(ran), mostWaiting.Load())
+			assert.Zero(t, overlaps.Load(), "two holders ran fn at once")
+			assert.Positive(t, used, "no caller held the lock in a transaction it began on deck")
+			assert.LessOrEqual(t, mostWaiting.Load(), int32(1), "callers of one process waited in the server at once")
 		})
 	}
-	wg.Wait()
-	t.Logf("%d samples during holds; in %d, one caller waited in the server and another had begun early; most waiting at once: %d",
-		samples.Load(), begunBehindWaiter.Load(), mostWaiting.Load())
-	assert.Zero(t, overlaps.Load(), "two holders ran fn at once")
-	assert.Positive(t, begunBehindWaiter.Load(), "no caller began its transaction while next in line")
-	assert.LessOrEqual(t, mostWaiting.Load(), int32(1), "callers of one process waited in the server at once")
 }
 
 // A transaction begun early is rolled back after maxEarlyBegin (50ms) if
-// the turn has not come: behind a long hold, the caller next in line holds
-// no connection for longer.
+// the turn has not come: behind a long hold, the caller on deck holds no
+// connection for longer.
 func TestEarlyBeginBounded(t *testing.T) {
-	db, activity := delayedDB(t)
+	db, activity := delayedDB(t, 10)
 	key := txlock.StringKey(uniq(t))
 	call := func(hold time.Duration, holding chan<- struct{}) {
 		assert.NoError(t, txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error {
@@ -80,7 +99,7 @@ func TestEarlyBeginBounded(t *testing.T) {
 	// A holder, and four callers queued behind it in turn: the first's
 	// handoff is measured slow (a COMMIT's round trip across the network),
 	// so the second, a long hold, passes its turn at its grant, and the
-	// last is next in line for all of that hold.
+	// last is on deck for all of that hold.
 	holding := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() { call(100*time.Millisecond, holding) })
@@ -93,8 +112,7 @@ func TestEarlyBeginBounded(t *testing.T) {
 	start := time.Now()
 	var longest time.Duration
 	for time.Since(start) < 900*time.Millisecond {
-		_, _, age := activity()
-		longest = max(longest, age)
+		longest = max(longest, activity().oldest)
 		time.Sleep(2 * time.Millisecond)
 	}
 	wg.Wait()
@@ -105,29 +123,60 @@ func TestEarlyBeginBounded(t *testing.T) {
 	assert.Less(t, longest, 300*time.Millisecond, "a transaction begun early outlived its bound of 50ms")
 }
 
-// delayedDB opens a pool across a simulated network of 2ms each way, with
-// idle connections already open (a call begins early only on an idle one),
-// and returns it with a func that counts its sessions that wait for a lock
-// in the server and those idle in a transaction that has run only BEGIN,
-// and says for how long the oldest of those has been.
-func delayedDB(t *testing.T) (*sql.DB, func() (waiting, begun int32, oldest time.Duration)) {
+// sessions is what pg_stat_activity shows of a pool's sessions: how many
+// wait for a lock in the server, and those idle in a transaction that has
+// run only BEGIN ("pid xact_start"), the oldest of which has been so for
+// oldest.
+type sessions struct {
+	waiting int32
+	begun   []string
+	oldest  time.Duration
+}
+
+// delayedDB opens a pool across a simulated network of 2ms each way, which
+// keeps up to idle connections idle, with those opened already (a call
+// begins early only on an idle one), and returns it with a func that reads
+// its sessions.
+func delayedDB(t *testing.T, idle int) (*sql.DB, func() sessions) {
 	admin := direct(t)
-	app := "early_begin_" + uniq(t)
-	db := open(t, pgtest.Delayed(t, pgtest.Postgres(t), 2*time.Millisecond)+"&application_name="+app)
-	db.SetMaxIdleConns(10)
+	u := uniq(t)
+	app := "early_begin_" + u[len(u)-12:] // short of the server's 63-byte names
+	dbURL, err := url.Parse(pgtest.Delayed(t, pgtest.Postgres(t), 2*time.Millisecond))
+	require.NoError(t, err)
+	q := dbURL.Query()
+	q.Set("application_name", app)
+	dbURL.RawQuery = q.Encode()
+	db := open(t, dbURL.String())
+	db.SetMaxIdleConns(idle)
 	var warm sync.WaitGroup
-	for range 6 {
+	for range idle {
 		warm.Go(func() { _, err := db.Exec(`SELECT pg_sleep(0.05)`); assert.NoError(t, err) })
 	}
 	warm.Wait()
-	return db, func() (waiting, begun int32, oldest time.Duration) {
-		var us int64
-		require.NoError(t, admin.QueryRow(`
-			SELECT count(*) FILTER (WHERE wait_event_type = 'Lock'),
-			       count(*) FILTER (WHERE state = 'idle in transaction' AND query ILIKE 'begin%'),
-			       coalesce(max(extract(epoch FROM clock_timestamp() - state_change) * 1e6)
-			                FILTER (WHERE state = 'idle in transaction' AND query ILIKE 'begin%'), 0)::bigint
-			FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&waiting, &begun, &us))
-		return waiting, begun, time.Duration(us) * time.Microsecond
+	return db, func() sessions {
+		rows, err := admin.Query(`
+			SELECT wait_event_type IS NOT DISTINCT FROM 'Lock',
+			       state = 'idle in transaction' AND query ILIKE 'begin%',
+			       pid || ' ' || xact_start::text,
+			       extract(epoch FROM clock_timestamp() - state_change) * 1e6
+			FROM pg_stat_activity WHERE application_name = $1`, app)
+		require.NoError(t, err)
+		defer rows.Close()
+		var s sessions
+		for rows.Next() {
+			var waiting, begun bool
+			var tx sql.NullString
+			var us sql.NullFloat64
+			require.NoError(t, rows.Scan(&waiting, &begun, &tx, &us))
+			if waiting {
+				s.waiting++
+			}
+			if begun {
+				s.begun = append(s.begun, tx.String)
+				s.oldest = max(s.oldest, time.Duration(us.Float64)*time.Microsecond)
+			}
+		}
+		require.NoError(t, rows.Err())
+		return s
 	}
 }

@@ -25,6 +25,7 @@ type ownTx struct {
 
 	mu    sync.Mutex
 	early *earlyTx // begun by beginEarly for the next attempt, or nil
+	begun func()   // see afterBegin
 }
 
 var (
@@ -34,9 +35,9 @@ var (
 )
 
 // maxEarlyBegin bounds how long a caller holds a transaction, and so a
-// connection, that it began before its lock statement could go: handed
-// its turn before the previous holder's transaction ended, while that
-// holder's COMMIT runs (see queue.go), or next in line (beginEarly).
+// connection, once begun before its lock statement could go: handed its
+// turn before the previous holder's transaction ended, while that holder's
+// COMMIT runs (see queue.go), or on deck (beginEarly).
 const maxEarlyBegin = 50 * time.Millisecond
 
 // earlyTx is a transaction that beginEarly began for the call's next
@@ -49,19 +50,10 @@ type earlyTx struct {
 	expire *time.Timer // rolls it back after maxEarlyBegin, if no attempt took it
 }
 
-// beginEarly implements earlyBeginner: the call is next in line behind a
-// turn passed at the grant, across a network, and its turn comes at the
-// next grant. Its window then goes out at once, instead of after a BEGIN's
-// round trip. It begins only on an idle connection of the pool, never
-// opening one, and never for a term.
+// beginEarly implements earlyBeginner, on an idle connection of the pool
+// only, and never for a term.
 func (a *ownTx) beginEarly(ctx context.Context, b bound) {
-	if a.c.term || a.pool == nil || a.pool.Stats().Idle == 0 {
-		return
-	}
-	a.mu.Lock()
-	have := a.early != nil
-	a.mu.Unlock()
-	if have {
+	if a.c.term || a.pool == nil || a.pool.Stats().Idle == 0 || a.hasEarly() {
 		return
 	}
 	txCtx, cancel := context.WithCancelCause(ctx)
@@ -87,6 +79,16 @@ func (a *ownTx) beginEarly(ctx context.Context, b bound) {
 			e.drop()
 		}
 	})
+}
+
+// afterBegin implements earlyBeginner.
+func (a *ownTx) afterBegin(f func()) { a.begun = f }
+
+// hasEarly reports whether beginEarly's transaction is open.
+func (a *ownTx) hasEarly() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.early != nil
 }
 
 // takeEarly returns the transaction that beginEarly began, if it is still
@@ -157,6 +159,9 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		tie.untie()
 		txCancel(nil)
 		return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
+	}
+	if a.begun != nil {
+		a.begun()
 	}
 	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
 	res, err := tx.ExecContext(txCtx, r.Stmt)
@@ -270,8 +275,11 @@ func (a *ownTx) holdUnlocked(ctx context.Context, st *lockState) error {
 }
 
 // IdleConn reports whether the pool the call queues on has an idle
-// connection (see waiter.window), as driver.Acquirer's does.
-func (a *ownTx) IdleConn() bool { return a.pool != nil && a.pool.Stats().Idle > 0 }
+// connection (see waiter.window), as driver.Acquirer's does, or whether the
+// call holds one already in a transaction begun early.
+func (a *ownTx) IdleConn() bool {
+	return a.pool != nil && (a.hasEarly() || a.pool.Stats().Idle > 0)
+}
 
 // pooled implements keeper.
 func (a *ownTx) pooled() bool { return a.pool != nil }

@@ -17,8 +17,9 @@ import (
 // same mode, on the same database handle, form a local queue: only the
 // caller whose turn it is makes attempts (polls, or waits in the server's
 // lock queue with ServerWait); the others wait in FIFO order, holding no
-// connection, so the database sees one waiter per key per process instead
-// of one per goroutine. A semaphore's queue (WithSemaphore) gives the turn
+// connection but for the early BEGINs below, so the database sees one
+// waiter per key per process instead of one per goroutine. A semaphore's
+// queue (WithSemaphore) gives the turn
 // to n callers at once. A caller keeps the turn while it holds the lock, and
 // then passes it to the next (the handoff), which tries at once instead of
 // sleeping:
@@ -41,8 +42,7 @@ import (
 //     a slow handoff the turn passes earlier still, as soon as the holder's
 //     lock is granted (passAtGrant): the next caller's BEGIN and window
 //     then go out during the hold, and the caller after it begins its
-//     transaction, holding it for at most maxEarlyBegin, so that its own
-//     window goes out the moment its turn comes (ownTx.beginEarly).
+//     transaction early (callOnDeck).
 //   - With ServerWait, on a *sql.DB, the turn passes as soon as fn returns:
 //     the next caller's wait in the server is granted the moment the
 //     holder's transaction ends, with no round trip in between.
@@ -114,9 +114,9 @@ type ticket struct {
 	// turn receives the turn while the call waits for it, with what the
 	// turn carries.
 	turn chan chan struct{}
-	// next is signalled while the call waits, once it is next in line
-	// behind a turn passed at the grant (see passAtGrant).
-	next chan struct{}
+	// onDeck is signalled while the call waits, when it is first in line
+	// (see callOnDeck).
+	onDeck chan struct{}
 	// prevEnd is what the turn carried: see bound.prevEnd. It is passed on
 	// with the turn if the call gives up, so that the next caller, too,
 	// waits for the transaction it belongs to. Once that has ended, passing
@@ -171,8 +171,8 @@ func (t *ticket) entered() bool { return t.q != nil }
 
 // enter queues the call and waits for its turn, until waitCtx ends. It
 // reports whether the turn came. Callers get the turn in the order in which
-// they entered. If the call becomes next in line behind a turn passed at
-// the grant, enter calls early, if it is not nil, and waits on.
+// they entered. Called on deck (callOnDeck), enter calls early, if it is
+// not nil, and waits on.
 func (t *ticket) enter(waitCtx context.Context, early func()) bool {
 	queues.Lock()
 	if queues.m == nil {
@@ -190,38 +190,55 @@ func (t *ticket) enter(waitCtx context.Context, early func()) bool {
 		return true
 	}
 	if t.turn == nil {
-		t.turn, t.next = make(chan chan struct{}, 1), make(chan struct{}, 1)
+		t.turn, t.onDeck = make(chan chan struct{}, 1), make(chan struct{}, 1)
 	}
 	q.waiting = append(q.waiting, t)
 	queues.Unlock()
-	for waiting := true; waiting; {
+	for {
 		select {
 		case t.prevEnd = <-t.turn:
 			t.q = q
 			select {
-			case <-t.next: // a signal that came with the turn
+			case <-t.onDeck: // a call that came with the turn
 			default:
 			}
 			return true
-		case <-t.next:
+		case <-t.onDeck:
 			if early != nil {
-				early()
+				t.runEarly(q, early)
 			}
+			continue
 		case <-waitCtx.Done():
-			waiting = false
 		}
+		t.quit(q)
+		return false
 	}
+}
+
+// runEarly runs early while the call waits in q. If early panics, the call
+// leaves q first, so that the turn does not go to a caller that is gone.
+func (t *ticket) runEarly(q *queue, early func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.quit(q)
+			panic(r)
+		}
+	}()
+	early()
+}
+
+// quit takes the waiting call out of q, or, if the turn came as it gave
+// up, passes the turn on.
+func (t *ticket) quit(q *queue) {
 	queues.Lock()
 	if i := slices.Index(q.waiting, t); i >= 0 {
 		q.waiting = slices.Delete(q.waiting, i, i+1)
 		queues.Unlock()
-		return false
+		return
 	}
 	queues.Unlock()
-	// The turn came as the wait ended: pass it on.
 	t.q, t.prevEnd = q, <-t.turn
 	t.passTurn(t.prevEnd)
-	return false
 }
 
 // passAtReturn passes the turn on once fn has returned, before the call's
@@ -244,30 +261,39 @@ func (t *ticket) passAtReturn() {
 // between the process and the server) and another caller is queued. The
 // next caller's window then goes to the server during this call's hold,
 // and is granted the moment this call's transaction ends, with no round
-// trip between. The caller after that is told that it is next in line
-// (ticket.next), so that on database/sql, where BEGIN is a round trip of
-// its own, it begins its transaction now, and its window goes out at once
-// when its turn comes (see ownTx.beginEarly): else a hold shorter than a
-// round trip would end before that window reached the server. The turn
-// carries t.end, as passAtReturn's does, for a poll. It reports whether the
-// turn was passed: fn's return then only starts the handoff's measure
-// (markHandoff).
+// trip between (see also callOnDeck). The turn carries t.end, as
+// passAtReturn's does, for a poll. It reports whether the turn was passed:
+// fn's return then only starts the handoff's measure (markHandoff).
 func (t *ticket) passAtGrant() bool {
 	queues.Lock()
 	defer queues.Unlock()
-	q := t.q
-	if q.handoff <= slowHandoff || len(q.waiting) == 0 {
+	if t.q.handoff <= slowHandoff || len(t.q.waiting) == 0 {
 		return false
 	}
-	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Time{}, q
+	t.end, t.handedAt, t.handedIn = make(chan struct{}), time.Time{}, t.q
 	t.passTurnLocked(t.end)
-	if len(q.waiting) > 0 {
-		select {
-		case q.waiting[0].next <- struct{}{}:
-		default:
-		}
-	}
 	return true
+}
+
+// callOnDeck follows the BEGIN of an attempt of the caller with the turn,
+// when the queue's handoffs are slow, so that the turn will pass at its
+// grant: it tells the first caller waiting that it is on deck. On
+// database/sql, where BEGIN is a round trip of its own, that caller then
+// begins its transaction (ownTx.beginEarly), and its window goes out the
+// moment its turn comes: else a hold shorter than a round trip would end
+// before that window reached the server. Its BEGIN follows this caller's,
+// so transactions still begin in the queue's order.
+func (t *ticket) callOnDeck() {
+	queues.Lock()
+	defer queues.Unlock()
+	q := t.q
+	if q == nil || q.handoff <= slowHandoff || len(q.waiting) == 0 {
+		return
+	}
+	select {
+	case q.waiting[0].onDeck <- struct{}{}:
+	default:
+	}
 }
 
 // markHandoff starts the measure of a handoff that passAtGrant made: from

@@ -23,12 +23,16 @@ func Delayed(t testing.TB, dbURL string, latency time.Duration) string {
 		t.Fatalf("pgtest: Delayed: %v", err)
 	}
 	upstream := u.Host
-	var mu sync.Mutex
-	var conns []net.Conn
-	var pumps sync.WaitGroup
+	var (
+		mu     sync.Mutex
+		conns  []net.Conn
+		closed bool
+		pumps  sync.WaitGroup
+	)
 	t.Cleanup(func() {
 		_ = l.Close()
 		mu.Lock()
+		closed = true
 		for _, c := range conns {
 			_ = c.Close()
 		}
@@ -47,9 +51,14 @@ func Delayed(t testing.TB, dbURL string, latency time.Duration) string {
 				continue
 			}
 			mu.Lock()
+			if closed {
+				mu.Unlock()
+				_, _ = client.Close(), server.Close()
+				return
+			}
 			conns = append(conns, client, server)
-			mu.Unlock()
 			pumps.Add(2)
+			mu.Unlock()
 			go func() { defer pumps.Done(); delayCopy(server, client, latency) }()
 			go func() { defer pumps.Done(); delayCopy(client, server, latency) }()
 		}
