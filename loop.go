@@ -327,12 +327,12 @@ func (w *waiter) pause(ctx context.Context) bool {
 }
 
 // enter waits for the turn in the local queue, until the deadline. With
-// the default strategy, an earlyBeginner begins its transaction on deck
-// (ticket.callOnDeck).
+// the default strategy, for one key (whose head may wait in the server),
+// an earlyBeginner begins its transaction on deck (ticket.callOnDeck).
 func (w *waiter) enter(ctx context.Context) bool {
 	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
 	var early func()
-	if e, ok := w.p.a.(earlyBeginner); ok && w.headWindow {
+	if e, ok := w.p.a.(earlyBeginner); ok && w.headWindow && len(w.lock.Keys) == 1 {
 		early = func() { e.beginEarly(ctx, w.b) }
 		e.afterBegin(w.t.callOnDeck)
 	}

@@ -25,7 +25,7 @@ type ownTx struct {
 
 	mu    sync.Mutex
 	early *earlyTx // begun by beginEarly for the next attempt, or nil
-	begun func()   // see afterBegin
+	begun func()   // see afterBegin; only the call's goroutine uses it
 }
 
 var (
@@ -50,10 +50,11 @@ type earlyTx struct {
 	expire *time.Timer // rolls it back after maxEarlyBegin, if no attempt took it
 }
 
-// beginEarly implements earlyBeginner, on an idle connection of the pool
-// only, and never for a term.
+// beginEarly implements earlyBeginner, when the pool shows an idle
+// connection. (Another goroutine may take that one first: BeginTx then
+// opens or waits for another, as any BEGIN of the pool would.)
 func (a *ownTx) beginEarly(ctx context.Context, b bound) {
-	if a.c.term || a.pool == nil || a.pool.Stats().Idle == 0 || a.hasEarly() {
+	if a.pool == nil || a.pool.Stats().Idle == 0 || a.hasEarly() {
 		return
 	}
 	txCtx, cancel := context.WithCancelCause(ctx)
@@ -146,21 +147,26 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		txCtx    context.Context
 		txCancel context.CancelCauseFunc
 		tie      deadlineTie
-		begun    *sql.Tx
+		tx       *sql.Tx
+		err      error
 	)
-	if e := a.takeEarly(); e != nil {
-		txCtx, txCancel, tie, begun = e.txCtx, e.cancel, e.tie, e.tx
+	// A transaction begun on deck serves a window, which needs no wait for
+	// the previous holder's end (prevEnd); a poll begins its own.
+	if e := a.takeEarly(); e != nil && r.PrevEnd == nil {
+		txCtx, txCancel, tie, tx = e.txCtx, e.cancel, e.tie, e.tx
 	} else {
+		if e != nil {
+			e.drop()
+		}
 		txCtx, txCancel = context.WithCancelCause(ctx)
 		tie = tieTo(r, txCancel)
+		if tx, err = a.beginTx(txCtx, r.PrevEnd); err != nil {
+			tie.untie()
+			txCancel(nil)
+			return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
+		}
 	}
-	tx, err := a.beginTx(txCtx, r.PrevEnd, begun)
-	if err != nil {
-		tie.untie()
-		txCancel(nil)
-		return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
-	}
-	if a.begun != nil {
+	if a.begun != nil && r.Window > 0 {
 		a.begun()
 	}
 	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
@@ -204,29 +210,22 @@ func (a *ownTx) grants(res sql.Result) bool {
 	return err == nil && err2 == nil && out == granted
 }
 
-// beginTx begins an attempt's transaction, unless begun is one that
-// beginEarly began. If the turn was handed on before the previous holder's
-// transaction ended, it then waits for prevEnd, so that the lock statement
-// finds the lock free; if that takes longer than maxEarlyBegin, it rolls
-// back, waits without a connection, and begins again. When the pool has no
-// idle connection, an early BEGIN would open one, or wait for the
-// holder's: beginTx then waits first.
-func (a *ownTx) beginTx(ctx context.Context, prevEnd <-chan struct{}, begun *sql.Tx) (*sql.Tx, error) {
-	tx := begun
-	if tx == nil {
-		if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
-			if err := awaitEnd(ctx, prevEnd); err != nil {
-				return nil, err
-			}
-			prevEnd = nil
-		}
-		var err error
-		if tx, err = a.db.BeginTx(ctx, a.c.txOpts); err != nil {
+// beginTx begins an attempt's transaction. If the turn was handed on before
+// the previous holder's transaction ended, it then waits for prevEnd, so
+// that the lock statement finds the lock free; if that takes longer than
+// maxEarlyBegin, it rolls back, waits without a connection, and begins
+// again. When the pool has no idle connection, an early BEGIN would open
+// one, or wait for the holder's: beginTx then waits first.
+func (a *ownTx) beginTx(ctx context.Context, prevEnd <-chan struct{}) (*sql.Tx, error) {
+	if prevEnd != nil && (a.pool == nil || a.pool.Stats().Idle == 0) {
+		if err := awaitEnd(ctx, prevEnd); err != nil {
 			return nil, err
 		}
+		prevEnd = nil
 	}
-	if prevEnd == nil {
-		return tx, nil
+	tx, err := a.db.BeginTx(ctx, a.c.txOpts)
+	if err != nil || prevEnd == nil {
+		return tx, err
 	}
 	t := time.NewTimer(maxEarlyBegin)
 	defer t.Stop()
