@@ -150,8 +150,9 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		tx       *sql.Tx
 		err      error
 	)
-	// A transaction begun on deck serves a window, which needs no wait for
-	// the previous holder's end (prevEnd); a poll begins its own.
+	// A transaction begun on deck serves the next attempt, unless that one
+	// must first wait for the previous holder's end (prevEnd: a poll after
+	// a handoff), which begins its own as it always has.
 	if e := a.takeEarly(); e != nil && r.PrevEnd == nil {
 		txCtx, txCancel, tie, tx = e.txCtx, e.cancel, e.tie, e.tx
 	} else {
