@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(holderEnv) != "" {
 		os.Exit(holderMain())
 	}
+	if os.Getenv(fleetEnv) != "" {
+		os.Exit(fleetMain())
+	}
 	os.Exit(pgtest.Main(m))
 }
 
