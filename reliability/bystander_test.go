@@ -2,6 +2,7 @@ package reliability_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/txlock/txlock"
 	"github.com/txlock/txlock/pgxlock"
+	"github.com/txlock/txlock/reliability/internal/checker"
 )
 
 // fleetEnv makes the test binary, re-executed by TestBystander, act as one
@@ -60,13 +62,19 @@ func fleetMain() int {
 		fmt.Fprintf(os.Stderr, "%s: unknown strategy %q\n", fleetEnv, strategy)
 		return 2
 	}
-	ctx := context.Background()
+	// The fleet stops when standard input closes, also mid-call: a call
+	// that the stop ends returns its context's error, which is no failure.
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); stop() }()
+	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	var lock func() error
 	switch lib {
 	case "txlock":
 		db, err := sql.Open("pgx", dsn)
 		if err == nil {
-			err = db.PingContext(ctx)
+			err = db.PingContext(pingCtx)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -86,7 +94,7 @@ func fleetMain() int {
 		cfg.MaxConns = int32(workers)
 		p, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err == nil {
-			err = p.Ping(ctx)
+			err = p.Ping(pingCtx)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -101,8 +109,6 @@ func fleetMain() int {
 		return 2
 	}
 
-	stop := make(chan struct{})
-	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
 	fmt.Println("ready")
 	var (
 		wg       sync.WaitGroup
@@ -114,13 +120,11 @@ func fleetMain() int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for ctx.Err() == nil {
 				err := lock()
+				if ctx.Err() != nil {
+					return
+				}
 				mu.Lock()
 				if err != nil {
 					failure = err
@@ -129,6 +133,7 @@ func fleetMain() int {
 				}
 				mu.Unlock()
 				if err != nil {
+					stop()
 					return
 				}
 			}
@@ -156,6 +161,7 @@ func fleetMain() int {
 func TestBystander(t *testing.T) {
 	strategy := "polling"
 	if s := os.Getenv("TXLOCK_BYSTANDER"); s != "" {
+		require.Contains(t, []string{"polling", "default"}, s, "TXLOCK_BYSTANDER names the fleet's strategy")
 		strategy = s
 	}
 	for _, lib := range []string{"txlock", "pgxlock"} {
@@ -166,19 +172,19 @@ func TestBystander(t *testing.T) {
 			bystander := pool(t, dsn, 1)
 			require.NoError(t, bystander.Ping())
 			name := fmt.Sprintf("bystander/%s/%d", lib, time.Now().UnixNano())
+			key := txlock.StringKey(name)
 
 			var procs []*fleetProc
 			for range fleetProcs {
 				procs = append(procs, startFleetProc(t, fmt.Sprintf("%s %s %s %s 2 %v", lib, strategy, dsn, name, fleetHold)))
 			}
 			for _, p := range procs {
-				require.True(t, p.out.Scan(), "a fleet process said nothing: %v", p.out.Err())
-				require.Equal(t, "ready", p.out.Text())
+				p.expect(t, "ready")
 			}
 
 			// The bystander's SELECT 1 every 5 ms, and the waiters in the
-			// server (backends waiting for an advisory lock), sampled every
-			// 10 ms, for fleetRun.
+			// server's lock queue for the key, sampled every 10 ms, for
+			// fleetRun.
 			ctx := context.Background()
 			var lat []time.Duration
 			maxWaiters := 0
@@ -187,10 +193,9 @@ func TestBystander(t *testing.T) {
 			nextSample := time.Now()
 			for time.Now().Before(end) {
 				if time.Now().After(nextSample) {
-					var n int
-					require.NoError(t, admin.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity
-						WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
-					maxWaiters = max(maxWaiters, n)
+					pids, err := checker.WaitingFor(ctx, admin, key)
+					require.NoError(t, err)
+					maxWaiters = max(maxWaiters, len(pids))
 					nextSample = nextSample.Add(10 * time.Millisecond)
 				}
 				time.Sleep(time.Until(next))
@@ -206,10 +211,9 @@ func TestBystander(t *testing.T) {
 			}
 			total := 0
 			for i, p := range procs {
-				require.True(t, p.out.Scan(), "fleet process %d said nothing at the end: %v", i, p.out.Err())
-				n, err := strconv.Atoi(strings.TrimPrefix(p.out.Text(), "acquired "))
-				require.NoError(t, err, "fleet process %d said %q", i, p.out.Text())
-				require.NoError(t, p.cmd.Wait(), "fleet process %d", i)
+				n, err := strconv.Atoi(strings.TrimPrefix(p.expect(t, "acquired "), "acquired "))
+				require.NoError(t, err)
+				require.NoError(t, p.cmd.Wait(), "fleet process %d: %s", i, p.stderr.String())
 				assert.Positive(t, n, "fleet process %d acquired nothing", i)
 				total += n
 			}
@@ -236,34 +240,76 @@ const (
 	fleetHold    = 2 * time.Millisecond
 	fleetRun     = 2 * time.Second
 	bystanderP50 = 5 * time.Millisecond
+	// fleetDeadline bounds a fleet process's life.
+	fleetDeadline = 2 * time.Minute
 )
 
 // fleetProc is one process of TestBystander's fleet.
 type fleetProc struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	out    *bufio.Scanner
+	stderr *lockedBuffer
 }
 
 // startFleetProc re-executes the test binary as a fleet process (fleetMain)
 // with fleetEnv set to env. It is killed when the test ends, if still
-// running.
+// running, or after fleetDeadline, so that a stuck one cannot hang the
+// test.
 func startFleetProc(t *testing.T, env string) *fleetProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fleetEnv+"="+env)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
+	p := &fleetProc{cmd: cmd, stderr: &lockedBuffer{}}
+	cmd.Stderr = p.stderr
+	var err error
+	p.stdin, err = cmd.StdinPipe()
 	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
 	require.NoError(t, err)
+	p.out = bufio.NewScanner(out)
 	require.NoError(t, cmd.Start())
+	kill := time.AfterFunc(fleetDeadline, func() { _ = cmd.Process.Kill() })
 	t.Cleanup(func() {
-		_ = stdin.Close()
+		kill.Stop()
+		_ = p.stdin.Close()
 		if cmd.ProcessState == nil {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
 	})
-	return &fleetProc{cmd: cmd, stdin: stdin, out: bufio.NewScanner(out)}
+	return p
+}
+
+// expect reads the process's next line, which must begin with prefix, and
+// returns it. A process that ends first fails the test with its exit
+// status and standard error.
+func (p *fleetProc) expect(t *testing.T, prefix string) string {
+	t.Helper()
+	if !p.out.Scan() {
+		err := p.cmd.Wait()
+		t.Fatalf("fleet process %d ended before saying %q: %v (%v)\n%s", p.cmd.Process.Pid, prefix, err, p.out.Err(), p.stderr.String())
+	}
+	line := p.out.Text()
+	require.True(t, strings.HasPrefix(line, prefix), "fleet process %d said %q, not %q\n%s", p.cmd.Process.Pid, line, prefix, p.stderr.String())
+	return line
+}
+
+// lockedBuffer is a bytes.Buffer that a process's stderr copier and the
+// test may use at once.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -216,8 +216,20 @@ func AdvisoryLocks(ctx context.Context, db *sql.DB) (int, error) {
 // database. Each advisory row of pg_locks is decoded with
 // txlock.KeyFromPgLocks, so the encoding is the library's.
 func HeldBy(ctx context.Context, db *sql.DB, k txlock.Key) ([]int, error) {
-	rows, err := db.QueryContext(ctx, `SELECT pid, classid::int8, objid::int8, objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
+	return lockers(ctx, db, k, true)
+}
+
+// WaitingFor returns the pids of the backends waiting in the server's lock
+// queue for k, in db's current database.
+func WaitingFor(ctx context.Context, db *sql.DB, k txlock.Key) ([]int, error) {
+	return lockers(ctx, db, k, false)
+}
+
+// lockers returns the pids of pg_locks' rows for k whose granted column is
+// granted.
+func lockers(ctx context.Context, db *sql.DB, k txlock.Key, granted bool) ([]int, error) {
+	rows, err := db.QueryContext(ctx, `SELECT pid, classid::int8, objid::int8, objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted = $1
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, granted)
 	if err != nil {
 		return nil, err
 	}
