@@ -76,8 +76,8 @@ type config struct {
 	serverWait *ServerWait // set by WithServerWait
 	// headWindow is set for DefaultRetry in the WithLock family at
 	// ReadCommitted: a call for one key that has its local queue's turn,
-	// on a pool with an idle connection, makes one attempt per round a
-	// ServerWait window of DefaultServerWaitWindow (see waiter.window).
+	// on a pool with an idle connection, makes its attempts ServerWait
+	// windows of DefaultServerWaitWindow (see waiter.window).
 	headWindow    bool
 	clock         clock
 	inTx          bool     // LockTx, TryLockTx: the lock lives in the caller's transaction

@@ -193,11 +193,11 @@ func (s ServerWait) window() time.Duration {
 
 // DefaultRetry is the strategy of a call given neither WithRetry nor
 // WithServerWait, and WithRetry(DefaultRetry) is the same as no WithRetry.
-// It sleeps as ExponentialBackoff{} does between polling attempts, and the
-// first caller of a process's local queue for one key makes one attempt
-// per call a ServerWait window of DefaultServerWaitWindow, when its pool
-// has an idle connection and the transaction is ReadCommitted: what makes
-// the default fair between processes ("How waiting works":
+// It sleeps as ExponentialBackoff{} does between attempts, and the first
+// caller of a process's local queue for one key makes its attempts
+// ServerWait windows of DefaultServerWaitWindow, when its pool has an idle
+// connection and the transaction is ReadCommitted: what makes the default
+// fair between processes ("How waiting works":
 // https://github.com/txlock/txlock/blob/main/docs/waiting.md). To poll only, pass WithRetry(ExponentialBackoff{}), or
 // any other strategy. (A call without WithRetry uses the default whatever
 // the variable holds: the library knows the default by its type.)

@@ -480,9 +480,10 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 
 	// Sample which clients PgBouncer has linked to a server connection. A
 	// waiter that pinned a connection would be linked in every sample; a
-	// polling waiter is linked only during its short attempts. Only the holder
-	// may be linked throughout. (The control test below shows blocking
-	// waiters linked throughout.)
+	// polling waiter is linked only during its short attempts. Only the
+	// holder, and the local queue's head, whose windows wait in the server
+	// one after the other, may be linked throughout. (The control test below
+	// shows blocking waiters linked throughout.)
 	const samples = 20
 	linked := map[string]int{}
 	for range samples {
@@ -504,9 +505,9 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 		}
 	}
 	t.Logf("%d waiters on a 5-connection pool: %d clients seen linked, %d linked in all %d samples", waiters, len(linked), always, samples)
-	assert.Equal(t, 1, always, "only the holder may keep a server connection")
+	assert.LessOrEqual(t, always, 2, "only the holder and the queue's head may keep a server connection")
 	assert.Zero(t, granted.Load())
-	assert.Zero(t, countWaitingOnAdvisory(t, directDB), "no backend blocks on the lock")
+	assert.LessOrEqual(t, countWaitingOnAdvisory(t, directDB), 1, "only the queue's head waits in the server")
 
 	require.NoError(t, holderTx.Rollback())
 	wg.Wait()

@@ -795,25 +795,26 @@ type idleLock struct {
 func (f *idleLock) idleConn() bool { return f.idle }
 
 // The default strategy: a polling call that has its local queue's turn, on
-// a pool with an idle connection, makes one attempt as a window in the
-// server, then polls. Its first attempt, before it queued, is a poll,
-// unless its key was found busy within hotFor: then it queues first, and
-// that attempt is the window. It makes no window with a RetryStrategy other
-// than DefaultRetry, above ReadCommitted, or without an idle connection.
+// a pool with an idle connection, makes its attempts windows in the
+// server, every one of them. Its first attempt, before it queued, is a
+// poll, unless its key was found busy within hotFor: then it queues first,
+// and that attempt is the first window. It makes no window with a RetryStrategy other than
+// DefaultRetry, above ReadCommitted, or without an idle connection.
 func TestWaitHeadWindow(t *testing.T) {
 	rr := WithTxOptions(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	const w = DefaultServerWaitWindow
 	for _, tc := range []struct {
 		name    string
 		opts    []Option
 		idle    bool
 		hot     bool
-		windows []time.Duration // of the attempts
+		windows []time.Duration // of the attempts: the last is granted
 		keys    []Key           // testKeys if nil
 	}{
-		{"default", nil, true, false, []time.Duration{0, DefaultServerWaitWindow, 0, 0}, nil},
-		{"recently busy", nil, true, true, []time.Duration{DefaultServerWaitWindow, 0, 0, 0}, nil},
+		{"default", nil, true, false, []time.Duration{0, w, w, w}, nil},
+		{"recently busy", nil, true, true, []time.Duration{w, w, w, w}, nil},
 		{"no idle connection", nil, false, false, []time.Duration{0, 0, 0, 0}, nil},
-		{"WithRetry(DefaultRetry)", []Option{WithRetry(DefaultRetry)}, true, true, []time.Duration{DefaultServerWaitWindow, 0, 0, 0}, nil},
+		{"WithRetry(DefaultRetry)", []Option{WithRetry(DefaultRetry)}, true, true, []time.Duration{w, w, w, w}, nil},
 		{"WithRetry", []Option{WithRetry(ExponentialBackoff{})}, true, true, []time.Duration{0, 0, 0, 0}, nil},
 		{"RepeatableRead", []Option{rr}, true, true, []time.Duration{0, 0, 0, 0}, nil},
 		// lock_timeout bounds each key's wait: a window over two keys
@@ -831,7 +832,7 @@ func TestWaitHeadWindow(t *testing.T) {
 			require.True(t, srv.take("outsider"))
 			busy := 0
 			a := &idleLock{idle: tc.idle, fakeLock: &fakeLock{name: "a", srv: srv, clock: clk, onBusy: func() {
-				if busy++; busy == 3 {
+				if busy++; busy == len(tc.windows)-1 {
 					srv.release("outsider")
 				}
 			}}}

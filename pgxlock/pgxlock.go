@@ -11,8 +11,8 @@
 //     connection's default_query_exec_mode: BEGIN (with WithTxOptions'
 //     level, if any), then the lock statement, or the statement that waits
 //     in the server's lock queue (each window of txlock.WithServerWait,
-//     and the default strategy's one window per call: see txlock's "Local
-//     queues"). A grant keeps the transaction that BEGIN began, and fn runs
+//     and the default strategy's windows: see txlock's "How waiting
+//     works"). A grant keeps the transaction that BEGIN began, and fn runs
 //     in it: the lock costs no round trip of its own. A busy lock answers
 //     with no row, and a ROLLBACK, a second round trip, hands the
 //     connection back to the pool idle. No busy attempt is an error, so the
