@@ -30,7 +30,7 @@ type attempter interface {
 // earlyBeginner is an attempter whose transactions begin with a round trip
 // of their own (database/sql's ownTx), which a call on deck begins before
 // its turn (see ticket.callOnDeck): beginEarly begins the next attempt's
-// transaction within b, and afterBegin sets what each window's attempt
+// transaction within b, and afterBegin sets what the turn's first window
 // calls once its transaction has begun.
 type earlyBeginner interface {
 	beginEarly(ctx context.Context, b bound)

@@ -167,8 +167,11 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 			return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
 		}
 	}
-	if a.begun != nil && r.Window > 0 {
-		a.begun()
+	if f := a.begun; f != nil && r.Window > 0 {
+		// Once per turn: a head whose window ends busy makes another, and
+		// an early BEGIN at each would be one more wasted transaction.
+		a.begun = nil
+		f()
 	}
 	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
 	res, err := tx.ExecContext(txCtx, r.Stmt)

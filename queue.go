@@ -275,7 +275,7 @@ func (t *ticket) passAtGrant() bool {
 	return true
 }
 
-// callOnDeck follows the BEGIN of a window of the caller with the turn,
+// callOnDeck follows the BEGIN of the first window of the caller with the turn,
 // when the queue's handoffs are slow, so that the turn will pass at its
 // grant: it tells the first caller waiting that it is on deck. On
 // database/sql, where BEGIN is a round trip of its own, that caller then

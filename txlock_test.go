@@ -486,10 +486,12 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 	// shows blocking waiters linked throughout.)
 	const samples = 20
 	linked := map[string]int{}
+	var longest time.Duration // of a backend's wait on the lock, over the samples
 	for range samples {
 		for c := range linkedClients(t, admin) {
 			linked[c]++
 		}
+		longest = max(longest, longestAdvisoryWait(t, directDB))
 		// An unrelated client always gets through (behind waiters that
 		// pinned every server connection it would wait forever).
 		qctx, qcancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -508,6 +510,7 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 	assert.LessOrEqual(t, always, 2, "only the holder and the queue's head may keep a server connection")
 	assert.Zero(t, granted.Load())
 	assert.LessOrEqual(t, countWaitingOnAdvisory(t, directDB), 1, "only the queue's head waits in the server")
+	assert.Less(t, longest, maxWindowSeen, "the head's waits in the server are windows, not one wait without end")
 
 	require.NoError(t, holderTx.Rollback())
 	wg.Wait()
@@ -596,6 +599,20 @@ func showPools(t *testing.T, admin *sql.DB) map[string]int {
 	}
 	return sums
 }
+
+// longestAdvisoryWait returns how long the backend that has waited longest
+// for an advisory lock has run its statement, or 0.
+func longestAdvisoryWait(t *testing.T, db *sql.DB) time.Duration {
+	var seconds float64
+	require.NoError(t, db.QueryRow(`SELECT coalesce(max(extract(epoch FROM now() - query_start)), 0)::float8
+		FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&seconds))
+	return time.Duration(seconds * float64(time.Second))
+}
+
+// maxWindowSeen bounds a window's wait as the waiters tests sample it: the
+// default's window is 200ms, and their samples span more than 500ms after
+// the waiters began, so a wait without end would be seen past it.
+const maxWindowSeen = 500 * time.Millisecond
 
 func countWaitingOnAdvisory(t *testing.T, db *sql.DB) int {
 	var n int

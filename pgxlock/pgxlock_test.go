@@ -752,10 +752,15 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	const samples = 20
 	linked := map[string]int{}
+	var longest float64 // seconds of a backend's wait on the lock, over the samples
 	for range samples {
 		for c := range linkedClients(t, console) {
 			linked[c]++
 		}
+		var s float64
+		require.NoError(t, directDB.QueryRow(`SELECT coalesce(max(extract(epoch FROM now() - query_start)), 0)::float8
+			FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&s))
+		longest = max(longest, s)
 		qctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var one int
 		require.NoError(t, pools[1].QueryRow(qctx, "SELECT 1").Scan(&one), "an unrelated client could not get a server connection")
@@ -774,6 +779,9 @@ func TestWaitersHoldNoServerConnection(t *testing.T) {
 	var blocked int
 	require.NoError(t, directDB.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&blocked))
 	assert.LessOrEqual(t, blocked, len(pools), "only each pool's queue head waits in the server")
+	// The default's window is 200ms; the samples span more than 500ms
+	// after the waiters began, so a wait without end would be seen past it.
+	assert.Less(t, longest, 0.5, "the heads' waits in the server are windows, not one wait without end")
 	require.NoError(t, holder.Rollback(context.Background()))
 	wg.Wait()
 	assert.Equal(t, int32(waiters), granted.Load())

@@ -225,8 +225,8 @@ func WaitingFor(ctx context.Context, db *sql.DB, k txlock.Key) ([]int, error) {
 	return lockers(ctx, db, k, false)
 }
 
-// lockers returns the pids of pg_locks' rows for k whose granted column is
-// granted.
+// lockers returns the pids of pg_locks' rows for k that are granted, or
+// that wait, as granted says.
 func lockers(ctx context.Context, db *sql.DB, k txlock.Key, granted bool) ([]int, error) {
 	rows, err := db.QueryContext(ctx, `SELECT pid, classid::int8, objid::int8, objsubid FROM pg_locks WHERE locktype = 'advisory' AND granted = $1
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, granted)
