@@ -143,7 +143,9 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
 // attempt. With several keys (WithLocks), lock_timeout bounds the wait for
 // each key, so one attempt can wait up to Window per key; the wait's
-// deadline still ends it.
+// deadline still ends it. The last window ends 25ms before the deadline,
+// so that the server's answer, not the deadline, ends it, and the
+// connection stays usable.
 //
 // Callers of one process queue locally first, so at most one waiter per
 // key per pool waits in the server, holding a connection (behind PgBouncer,

@@ -471,3 +471,44 @@ func TestServerWaitTimeoutCountsAttempt(t *testing.T) {
 		assert.GreaterOrEqual(t, lte.Waited, 600*time.Millisecond, "window %v", w)
 	}
 }
+
+// A call that times out behind a held lock keeps its connection, with the
+// default strategy and with WithServerWait: its last window ends before the
+// deadline (windowMargin), so the server answers it, instead of the
+// deadline ending the statement, which on database/sql closes the
+// connection. Checked by the backend's pid on a pool of one connection,
+// over timeouts that end at every point of a window.
+func TestTimeoutKeepsConnection(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []txlock.Option
+	}{
+		{"default", nil},
+		{"ServerWait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holderDB := direct(t)
+			db := open(t, pgtest.Postgres(t))
+			db.SetMaxOpenConns(1)
+			key := txlock.StringKey(uniq(t))
+			holder, err := holderDB.Begin()
+			require.NoError(t, err)
+			defer holder.Rollback()
+			_, err = holder.Exec("SELECT pg_advisory_xact_lock(" + lockArgs(key) + ")")
+			require.NoError(t, err)
+			pid := func() int {
+				var p int
+				require.NoError(t, db.QueryRow("SELECT pg_backend_pid()").Scan(&p))
+				return p
+			}
+			before := pid()
+			for i := range 6 {
+				timeout := time.Duration(300+i*70) * time.Millisecond
+				err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
+					append([]txlock.Option{txlock.WithTimeout(timeout)}, tc.opts...)...)
+				require.ErrorIs(t, err, txlock.ErrLockTimeout)
+				assert.Equal(t, before, pid(), "the call that timed out after %v lost its connection", timeout)
+			}
+		})
+	}
+}
