@@ -2,16 +2,14 @@ package pgxlock_test
 
 import (
 	"context"
-	"errors"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/stretchr/testify/assert"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/internal/locktest"
 	"github.com/txlock/txlock/internal/pgtest"
 	"github.com/txlock/txlock/pgxlock"
 )
@@ -39,44 +37,16 @@ func TestFleetNoStarvation(t *testing.T) {
 				url, _ = pgtest.PgBouncer(t)
 			}
 			key := txlock.StringKey(uniq(t))
-			var (
-				wg       sync.WaitGroup
-				acquired = make([]atomic.Int64, tc.pools)
-				stop     atomic.Bool
-				failures = make(chan error, tc.pools*2)
-			)
-			for p := range tc.pools {
-				pool := newPool(t, url, "exec", 2)
-				for range 2 {
-					wg.Go(func() {
-						for !stop.Load() {
-							err := pgxlock.WithLock(context.Background(), pool, key, func(context.Context, pgx.Tx) error {
-								time.Sleep(hold)
-								return nil
-							}, txlock.WithTimeout(run))
-							if err != nil {
-								failures <- err
-								return
-							}
-							acquired[p].Add(1)
-						}
-					})
-				}
+			pools := make([]*pgxpool.Pool, tc.pools)
+			for p := range pools {
+				pools[p] = newPool(t, url, "exec", 2)
 			}
-			time.Sleep(run)
-			stop.Store(true)
-			wg.Wait()
-			close(failures)
-			for err := range failures {
-				assert.False(t, errors.Is(err, txlock.ErrLockTimeout), "a call starved: %v", err)
-				assert.NoError(t, err)
-			}
-			counts := make([]int64, tc.pools)
-			for p := range counts {
-				counts[p] = acquired[p].Load()
-				assert.Positive(t, counts[p], "pool %d acquired nothing", p)
-			}
-			t.Logf("acquisitions per pool in %v: %v", run, counts)
+			locktest.Fleet(t, tc.pools, 2, run, func(p int) error {
+				return pgxlock.WithLock(context.Background(), pools[p], key, func(context.Context, pgx.Tx) error {
+					time.Sleep(hold)
+					return nil
+				}, txlock.WithTimeout(run))
+			})
 		})
 	}
 }
