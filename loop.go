@@ -254,10 +254,9 @@ func (w *waiter) endWait(ctx context.Context, st *lockState, h keeper) (pass fun
 // idle connection; else 0. The default's window is DefaultServerWaitWindow
 // at every attempt, with its strategy's pause between: a caller that fell
 // back to polling after one window would lose every release to the windows
-// that other processes keep queued in the server, and time out (a fleet of
-// 8 pools of 2 callers on 60 ms holds timed out 25 calls in 12 s, two
-// pools acquiring nothing). A handoff from this process's holder (prevEnd) leaves
-// the lock free for a cheaper poll once the holder's transaction has ended,
+// that other processes keep queued in the server, and time out
+// (TestFleetNoStarvation). A handoff from this process's holder (prevEnd)
+// leaves the lock free for a cheaper poll once the holder's transaction has ended,
 // unless other processes wait for it in the server (queue.remote), or the
 // last handoff took longer than slowHandoff (a network between the process
 // and the server): the window then goes at once, without waiting for that
@@ -284,9 +283,8 @@ func (w *waiter) window() time.Duration {
 
 // windowMargin is how long before the wait's deadline a window ends: the
 // time the server's answer takes to arrive after its lock_timeout, on a
-// local network. Without it, every call of the default strategy that
-// timed out on database/sql lost its connection (6 of 6 in a test, and 0
-// of 6 with the old poll after one window).
+// local network. Without it, a call that timed out on database/sql lost
+// its connection (TestTimeoutKeepsConnection).
 const windowMargin = 25 * time.Millisecond
 
 // tookHandoff notes an attempt that waited for the previous holder's end

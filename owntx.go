@@ -40,13 +40,40 @@ var (
 // COMMIT runs (see queue.go), or on deck (beginEarly).
 const maxEarlyBegin = 50 * time.Millisecond
 
-// earlyTx is a transaction that beginEarly began for the call's next
-// attempt, bound to the wait (tie) as an attempt's is.
-type earlyTx struct {
+// openTx is an attempt's transaction, bound to the wait (tie) until the
+// lock is granted.
+type openTx struct {
 	tx     *sql.Tx
 	txCtx  context.Context
 	cancel context.CancelCauseFunc
 	tie    deadlineTie
+}
+
+// open begins an attempt's transaction, bound to r's deadline and wait (see
+// beginTx for r.PrevEnd).
+func (a *ownTx) open(ctx context.Context, r driver.Request) (openTx, error) {
+	txCtx, cancel := context.WithCancelCause(ctx)
+	tie := tieTo(r, cancel)
+	tx, err := a.beginTx(txCtx, r.PrevEnd)
+	if err != nil {
+		tie.untie()
+		cancel(nil)
+		return openTx{}, err
+	}
+	return openTx{tx: tx, txCtx: txCtx, cancel: cancel, tie: tie}, nil
+}
+
+// drop rolls o back.
+func (o openTx) drop() {
+	o.tie.untie()
+	_ = o.tx.Rollback()
+	o.cancel(nil)
+}
+
+// earlyTx is a transaction that beginEarly began for the call's next
+// attempt.
+type earlyTx struct {
+	openTx
 	expire *time.Timer // rolls it back after maxEarlyBegin, if no attempt took it
 }
 
@@ -57,15 +84,11 @@ func (a *ownTx) beginEarly(ctx context.Context, b bound) {
 	if a.pool == nil || a.pool.Stats().Idle == 0 || a.hasEarly() {
 		return
 	}
-	txCtx, cancel := context.WithCancelCause(ctx)
-	tie := tieTo(driver.Request{Deadline: b.deadline, WaitCtx: b.waitCtx}, cancel)
-	tx, err := a.db.BeginTx(txCtx, a.c.txOpts)
+	o, err := a.open(ctx, driver.Request{Deadline: b.deadline, WaitCtx: b.waitCtx})
 	if err != nil {
-		tie.untie()
-		cancel(nil)
 		return
 	}
-	e := &earlyTx{tx: tx, txCtx: txCtx, cancel: cancel, tie: tie}
+	e := &earlyTx{openTx: o}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.early = e
@@ -110,13 +133,6 @@ func (a *ownTx) takeEarly() *earlyTx {
 	return e
 }
 
-// drop rolls e back.
-func (e *earlyTx) drop() {
-	e.tie.untie()
-	_ = e.tx.Rollback()
-	e.cancel(nil)
-}
-
 // Attempt implements attempter. Until the lock is granted, the attempt's
 // transaction is bound to r's deadline and context as well as to ctx, so
 // that a stalled BEGIN or statement ends with the wait (or with the
@@ -143,27 +159,18 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 			return a.result(tx.ExecContext(ctx, r.Stmt))
 		}
 	}
-	var (
-		txCtx    context.Context
-		txCancel context.CancelCauseFunc
-		tie      deadlineTie
-		tx       *sql.Tx
-		err      error
-	)
 	// A transaction begun on deck serves the next attempt, unless that one
 	// must first wait for the previous holder's end (prevEnd: a poll after
 	// a handoff), which begins its own as it always has.
+	var o openTx
 	if e := a.takeEarly(); e != nil && r.PrevEnd == nil {
-		txCtx, txCancel, tie, tx = e.txCtx, e.cancel, e.tie, e.tx
+		o = e.openTx
 	} else {
 		if e != nil {
 			e.drop()
 		}
-		txCtx, txCancel = context.WithCancelCause(ctx)
-		tie = tieTo(r, txCancel)
-		if tx, err = a.beginTx(txCtx, r.PrevEnd); err != nil {
-			tie.untie()
-			txCancel(nil)
+		var err error
+		if o, err = a.open(ctx, r); err != nil {
 			return driver.Result{}, fmt.Errorf("txlock: begin: %w", err)
 		}
 	}
@@ -173,9 +180,9 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		a.begun = nil
 		f()
 	}
-	a.held = sqlHeld{tx: tx, txCtx: txCtx, cancel: txCancel, fn: a.fn}
-	res, err := tx.ExecContext(txCtx, r.Stmt)
-	if err == nil && (!tie.untie() || txCtx.Err() != nil) && a.grants(res) {
+	a.held = sqlHeld{tx: o.tx, txCtx: o.txCtx, cancel: o.cancel, fn: a.fn}
+	res, err := o.tx.ExecContext(o.txCtx, r.Stmt)
+	if err == nil && (!o.tie.untie() || o.txCtx.Err() != nil) && a.grants(res) {
 		// The deadline or the attempt's bound fired, or ctx ended, as the
 		// lock was granted; database/sql is rolling the transaction back,
 		// and fn must not start.
@@ -186,7 +193,7 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 	// done), so fn can run under ctx itself: when ctx cannot be cancelled,
 	// the driver then has no context to watch around each of fn's
 	// statements.
-	tie.untie()
+	o.tie.untie()
 	return a.result(res, err)
 }
 
