@@ -477,7 +477,10 @@ func TestServerWaitTimeoutCountsAttempt(t *testing.T) {
 // deadline (windowMargin), so the server answers it, instead of the
 // deadline ending the statement, which on database/sql closes the
 // connection. Checked by the backend's pid on a pool of one connection,
-// over timeouts that end at every point of a window.
+// over timeouts that end at every point of a window. A pause of the
+// machine longer than the margin can still cost one call its connection
+// (a loaded CI run lost 1 of 6), so up to 2 of 6 may be lost; with the
+// margin set to 0, 5 or 6 of 6 are.
 func TestTimeoutKeepsConnection(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -502,13 +505,18 @@ func TestTimeoutKeepsConnection(t *testing.T) {
 				return p
 			}
 			before := pid()
+			var lost []time.Duration
 			for i := range 6 {
 				timeout := time.Duration(300+i*70) * time.Millisecond
 				err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
 					append([]txlock.Option{txlock.WithTimeout(timeout)}, tc.opts...)...)
 				require.ErrorIs(t, err, txlock.ErrLockTimeout)
-				assert.Equal(t, before, pid(), "the call that timed out after %v lost its connection", timeout)
+				if after := pid(); after != before {
+					lost, before = append(lost, timeout), after
+				}
 			}
+			t.Logf("calls that lost their connection, by timeout: %v", lost)
+			assert.LessOrEqual(t, len(lost), 2, "calls that timed out lost their connection: %v", lost)
 		})
 	}
 }
