@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/txlock/txlock/driver"
 )
 
 // This file is the lock loop (lockLoop): how one call makes attempts until
@@ -85,7 +87,7 @@ func lockLoop(ctx context.Context, c *config, mode waitMode, p *plan, h keeper, 
 		for werr == nil {
 			w.b.window = w.window()
 			req, ab := p.request(ctx, w.b)
-			r, err := p.a.Attempt(ctx, req)
+			r, err := w.attempt(ctx, req)
 			out, err := p.settle(ctx, st, ab, r, err)
 			out, werr = w.sort(ctx, out, err)
 			switch {
@@ -149,6 +151,13 @@ type waiter struct {
 	b     bound   // the next attempt's
 	wc    waitCtx // b.waitCtx, once needed
 	ev    *events // the call's events, if it has an Observer (lockState.ev)
+	// ctxEnd is the caller's context's deadline, if any: a window ends
+	// windowMargin before it too, as the context's end would end the
+	// statement.
+	ctxEnd time.Time
+	// cost is the least that an attempt's round trips have taken, beyond
+	// its window, in this call; 0 until measured (see attempt).
+	cost time.Duration
 	// headWindow: the default's windows as the queue's head
 	// (config.headWindow) are the call's to make; a server that refuses
 	// them is polled for the rest of the wait.
@@ -165,6 +174,7 @@ func (w *waiter) startWait(ctx context.Context, st *lockState) error {
 	w.wc.stop()
 	w.wc = waitCtx{}
 	w.ev = st.ev
+	w.ctxEnd, _ = ctx.Deadline()
 	w.event(WaitStarted, nil)
 	if err := ctx.Err(); err != nil {
 		if w.mode == tryOnce && !errors.Is(err, context.Canceled) {
@@ -264,9 +274,10 @@ func (w *waiter) endWait(ctx context.Context, st *lockState, h keeper) (pass fun
 // moment the holder's transaction ends. Only a single key waits:
 // lock_timeout bounds each key's wait, so a window over several keys could
 // last a window per key, holding the keys it has. A window ends
-// windowMargin before the wait's deadline, so that the server's answer
-// comes before the deadline ends the attempt's transaction: on
-// database/sql, a statement that the deadline ends costs its connection.
+// windowMargin, and the call's measured round trips (cost), before the
+// wait's deadline or the context's, whichever is first, so that the
+// server's answer comes before that deadline ends the attempt's
+// transaction ("How a wait ends" in docs/waiting.md).
 func (w *waiter) window() time.Duration {
 	t := w.t
 	d := time.Duration(0)
@@ -278,7 +289,35 @@ func (w *waiter) window() time.Duration {
 	default:
 		return 0
 	}
-	return max(min(d, w.b.deadline.Sub(w.c.clock.now())-windowMargin), time.Millisecond)
+	return max(min(d, w.left()-windowMargin-w.cost), time.Millisecond)
+}
+
+// left is the time left until the wait's deadline, or the caller's
+// context's, whichever comes first.
+func (w *waiter) left() time.Duration {
+	end := w.b.deadline
+	if !w.ctxEnd.IsZero() && w.ctxEnd.Before(end) {
+		end = w.ctxEnd
+	}
+	return end.Sub(w.c.clock.now())
+}
+
+// attempt makes the attempt of req, and measures its cost: how long it
+// took beyond its window (a busy window returns when its window has
+// passed), the round trips of its BEGIN and its statement. A window, and
+// an attempt after a pause, are then fitted in before the deadline with
+// that cost to spare, so that across a network the answer still comes
+// before the deadline, which would end the statement (on database/sql, at
+// the price of the connection). The least cost seen is kept: an attempt
+// that first waited for a connection, or for the previous holder's end,
+// took longer than its round trips.
+func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Result, error) {
+	start := time.Now()
+	r, err := w.p.a.Attempt(ctx, req)
+	if c := time.Since(start) - req.Window; err == nil && r.Err == nil && req.PrevEnd == nil && c > 0 && (w.cost == 0 || c < w.cost) {
+		w.cost = c
+	}
+	return r, err
 }
 
 // windowMargin is how long before the wait's deadline a window ends: the
@@ -332,11 +371,11 @@ func (w *waiter) pause(ctx context.Context) bool {
 		return w.enter(ctx)
 	}
 	w.b.waitCtx = w.wc.get(ctx, w.b.deadline)
-	left := w.b.deadline.Sub(c.clock.now())
-	if d >= left || w.b.window > 0 && left <= windowMargin {
+	if left := w.left(); d+w.cost >= left || w.b.window > 0 && left <= windowMargin+w.cost {
 		// No time for another attempt, or a window ended windowMargin
-		// before the deadline (see window): the wait ends there.
-		c.clock.sleep(w.b.waitCtx, left)
+		// before the deadline (see window): the wait ends there, or with
+		// the caller's context if that ends first.
+		c.clock.sleep(w.b.waitCtx, w.b.deadline.Sub(c.clock.now()))
 		return false
 	}
 	return c.clock.sleep(w.b.waitCtx, d)

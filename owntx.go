@@ -180,6 +180,14 @@ func (a *ownTx) Attempt(ctx context.Context, r driver.Request) (driver.Result, e
 		a.begun = nil
 		f()
 	}
+	if r.Window > 0 {
+		// The window ends in the server before the deadline, and its
+		// answer may come after it, across a network: the statement waits
+		// for it until driver.StallGrace after the deadline, as pgxlock's
+		// does, rather than end it at the deadline, which costs database/sql
+		// the connection. ctx still ends it at once.
+		o.tie = o.tie.until(r.Deadline.Add(driver.StallGrace), o.cancel)
+	}
 	a.held = sqlHeld{tx: o.tx, txCtx: o.txCtx, cancel: o.cancel, fn: a.fn}
 	res, err := o.tx.ExecContext(o.txCtx, r.Stmt)
 	if err == nil && (!o.tie.untie() || o.txCtx.Err() != nil) && a.grants(res) {
@@ -336,6 +344,14 @@ func tieTo(r driver.Request, cancel context.CancelCauseFunc) deadlineTie {
 		return deadlineTie{stopAfter: context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })}
 	}
 	return deadlineTie{timer: time.AfterFunc(time.Until(r.Deadline), func() { cancel(context.DeadlineExceeded) })}
+}
+
+// until moves t's end to end, unless it has already ended the transaction.
+func (t deadlineTie) until(end time.Time, cancel context.CancelCauseFunc) deadlineTie {
+	if !t.untie() {
+		return t
+	}
+	return deadlineTie{timer: time.AfterFunc(time.Until(end), func() { cancel(context.DeadlineExceeded) })}
 }
 
 // untie stops the deadline from ending the transaction, and reports whether

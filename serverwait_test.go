@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txlock/txlock"
+	"github.com/txlock/txlock/driver"
 	"github.com/txlock/txlock/internal/pgtest"
 )
 
@@ -480,18 +481,38 @@ func TestServerWaitTimeoutCountsAttempt(t *testing.T) {
 // over timeouts that end at every point of a window. A pause of the
 // machine longer than the margin can still cost one call its connection
 // (a loaded CI run lost 1 of 6), so up to 2 of 6 may be lost; with the
-// margin set to 0, 5 or 6 of 6 are.
+// margin set to 0, 5 or 6 of 6 are. So it is when the caller's context
+// has the earlier deadline (6 of 6 were lost when only the wait's
+// deadline cut the window), and across a network of 30 ms each way (5 of
+// 6, before the window was cut by the call's round trips too and its
+// answer waited for after the deadline): "How a wait ends" in
+// docs/waiting.md.
 func TestTimeoutKeepsConnection(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts []txlock.Option
+		// latency, if not 0, is a simulated network's each way, across
+		// which a window's answer comes after the deadline: the statement
+		// waits for it (driver.StallGrace).
+		latency time.Duration
+		// ctxDeadline: the caller's context ends first, not WithTimeout,
+		// and the last window ends windowMargin before it.
+		ctxDeadline bool
 	}{
-		{"default", nil},
-		{"ServerWait", []txlock.Option{txlock.WithServerWait(txlock.ServerWait{})}},
+		{name: "default"},
+		{name: "ServerWait", opts: []txlock.Option{txlock.WithServerWait(txlock.ServerWait{})}},
+		{name: "default/network", latency: 30 * time.Millisecond},
+		{name: "ServerWait/network", opts: []txlock.Option{txlock.WithServerWait(txlock.ServerWait{})}, latency: 30 * time.Millisecond},
+		{name: "default/ctx", ctxDeadline: true},
+		{name: "ServerWait/ctx", opts: []txlock.Option{txlock.WithServerWait(txlock.ServerWait{})}, ctxDeadline: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			holderDB := direct(t)
-			db := open(t, pgtest.Postgres(t))
+			dbURL := pgtest.Postgres(t)
+			if tc.latency > 0 {
+				dbURL = pgtest.Delayed(t, dbURL, tc.latency)
+			}
+			db := open(t, dbURL)
 			db.SetMaxOpenConns(1)
 			key := txlock.StringKey(uniq(t))
 			holder, err := holderDB.Begin()
@@ -506,17 +527,33 @@ func TestTimeoutKeepsConnection(t *testing.T) {
 			}
 			before := pid()
 			var lost []time.Duration
+			var late time.Duration // the most a call returned after its deadline
 			for i := range 6 {
 				timeout := time.Duration(300+i*70) * time.Millisecond
-				err := txlock.WithLock(context.Background(), db, key, func(context.Context, *sql.Tx) error { return nil },
-					append([]txlock.Option{txlock.WithTimeout(timeout)}, tc.opts...)...)
-				require.ErrorIs(t, err, txlock.ErrLockTimeout)
+				ctx, opts := context.Background(), append([]txlock.Option{txlock.WithTimeout(timeout)}, tc.opts...)
+				if tc.ctxDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, timeout)
+					defer cancel()
+					opts[0] = txlock.WithTimeout(time.Minute)
+				}
+				start := time.Now()
+				err := txlock.WithLock(ctx, db, key, func(context.Context, *sql.Tx) error { return nil }, opts...)
+				late = max(late, time.Since(start)-timeout)
+				if tc.ctxDeadline {
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+				} else {
+					require.ErrorIs(t, err, txlock.ErrLockTimeout)
+				}
 				if after := pid(); after != before {
 					lost, before = append(lost, timeout), after
 				}
 			}
-			t.Logf("calls that lost their connection, by timeout: %v", lost)
+			t.Logf("calls that lost their connection, by timeout: %v; the latest returned %v after its deadline", lost, late.Round(time.Millisecond))
 			assert.LessOrEqual(t, len(lost), 2, "calls that timed out lost their connection: %v", lost)
+			// The answer is waited for until driver.StallGrace after the
+			// deadline, and then a ROLLBACK's round trip.
+			assert.Less(t, late, driver.StallGrace+time.Second, "a call returned this long after its deadline")
 		})
 	}
 }

@@ -30,7 +30,8 @@ type Acquirer interface {
 	// the statement's answer never came (no connection, a failed BEGIN,
 	// the wait's context): the attempt has then let go of every connection
 	// it took, and left none in a transaction. An attempt must not outlast
-	// r.Deadline by more than it takes a server that answers to do so.
+	// r.Deadline by more than it takes a server that answers to do so, and
+	// never by more than StallGrace.
 	Attempt(ctx context.Context, r Request) (Result, error)
 	// BeginUnlocked begins a transaction with the statement begin,
 	// without the lock (txlock.WithFailOpen).
@@ -42,6 +43,15 @@ type Acquirer interface {
 	// wait in the server takes without opening one or waiting for one.
 	IdleConn() bool
 }
+
+// StallGrace is how long after a request's Deadline an attempt waits for
+// its lock statement's answer before it cuts the connection off, which
+// closes it. A window (Request.Window) ends in the server before the
+// deadline, and an attempt begun just before it ends an instant after: the
+// answer of a server that answers arrives within a network round trip, on
+// a connection still usable, which the grace keeps; only a connection
+// whose server does not answer is closed.
+const StallGrace = time.Second
 
 // Request is what one attempt sends, and what bounds it.
 type Request struct {

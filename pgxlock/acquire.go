@@ -41,7 +41,7 @@ const rollbackTimeout = 5 * time.Second
 // taking a connection from the pool, end with the wait's context, or, when
 // the wait has none yet, with a context that ends at its deadline. The
 // attempt's statements run under ctx, with a deadline on the connection
-// itself (see deadline and stallGrace). fn runs under ctx.
+// itself (see deadline and driver.StallGrace). fn runs under ctx.
 func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result, error) {
 	actx := b.WaitCtx
 	if actx == nil {
@@ -67,14 +67,14 @@ func (a *acquirer) Attempt(ctx context.Context, b driver.Request) (driver.Result
 	if err != nil {
 		return driver.Result{}, fmt.Errorf("txlock: acquiring a connection: %w", err)
 	}
-	reset := deadline(c, b.Deadline.Add(stallGrace))
+	reset := deadline(c, b.Deadline.Add(driver.StallGrace))
 	tag, err := c.Exec(ctx, b.Query)
 	reset()
 	if err != nil {
 		a.rollback(ctx, c)
 		a.release(pc)
 		if pastDeadline(err, b.Deadline) {
-			return driver.Result{}, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", stallGrace, context.DeadlineExceeded, err)
+			return driver.Result{}, fmt.Errorf("txlock: the server did not answer the lock statement by %v after the wait's deadline: %w: %w", driver.StallGrace, context.DeadlineExceeded, err)
 		}
 		return driver.Result{Err: err}, nil
 	}
@@ -127,14 +127,6 @@ func pastDeadline(err error, deadline time.Time) bool {
 	var ne net.Error
 	return !time.Now().Before(deadline) && (pgconn.Timeout(err) || errors.As(err, &ne) && ne.Timeout())
 }
-
-// stallGrace is how long after the wait's deadline an attempt's connection
-// is cut off, which closes it. An attempt begun just before the deadline,
-// or a ServerWait window that the loop ends at the deadline with
-// lock_timeout, is answered an instant after it, on a connection still
-// usable: the grace lets that answer arrive, so that only a connection
-// whose server does not answer is closed (a caller's own *pgx.Conn too).
-const stallGrace = time.Second
 
 // held returns the attempt's transaction, for package txlock to decide
 // on. (The server's side of the hold bound, WithMaxHold, started with the

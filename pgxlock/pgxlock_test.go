@@ -835,25 +835,50 @@ func TestTokenRacesFnReturn(t *testing.T) {
 
 // A wait that ends while its last ServerWait window, or an attempt that
 // began with BEGIN, is in the server leaves a caller's connection open and
-// in no transaction: the window ends in lock_timeout at the deadline, and
-// the rollbacks have a context of their own.
+// in no transaction: the window ends in lock_timeout before the deadline,
+// and the rollbacks have a context of their own. So it does when the
+// caller's context ends first (ctx), and across a network (network), whose
+// answer comes after the deadline, within driver.StallGrace.
 func TestTimeoutKeepsCallersConnection(t *testing.T) {
 	_, admin := direct(t)
 	key := txlock.StringKey(uniq(t))
 	locktest.Hold(t, admin, key, false)
-	for name, opt := range map[string]txlock.Option{
-		"server wait": txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond}),
-		"begin first": txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable}),
+	serverWait := txlock.WithServerWait(txlock.ServerWait{Window: 50 * time.Millisecond})
+	for _, tc := range []struct {
+		name        string
+		opt         txlock.Option
+		latency     time.Duration
+		ctxDeadline bool
+	}{
+		{name: "server wait", opt: serverWait},
+		{name: "begin first", opt: txlock.WithTxOptions(&sql.TxOptions{Isolation: sql.LevelSerializable})},
+		{name: "server wait/ctx", opt: txlock.WithServerWait(txlock.ServerWait{}), ctxDeadline: true},
+		{name: "server wait/network", opt: txlock.WithServerWait(txlock.ServerWait{}), latency: 30 * time.Millisecond},
 	} {
-		t.Run(name, func(t *testing.T) {
-			conn, err := pgx.Connect(context.Background(), pgtest.Postgres(t))
+		t.Run(tc.name, func(t *testing.T) {
+			url := pgtest.Postgres(t)
+			if tc.latency > 0 {
+				url = pgtest.Delayed(t, url, tc.latency)
+			}
+			conn, err := pgx.Connect(context.Background(), url)
 			require.NoError(t, err)
 			defer conn.Close(context.Background())
-			for range 5 {
-				err := pgxlock.WithLock(context.Background(), conn, key, func(context.Context, pgx.Tx) error { return nil },
-					opt, txlock.WithTimeout(150*time.Millisecond))
-				require.ErrorIs(t, err, txlock.ErrLockTimeout)
-				require.False(t, conn.IsClosed(), "the caller's connection was closed")
+			for i := range 5 {
+				timeout := time.Duration(150+i*70) * time.Millisecond
+				ctx, opts := context.Background(), []txlock.Option{tc.opt, txlock.WithTimeout(timeout)}
+				if tc.ctxDeadline {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, timeout)
+					defer cancel()
+					opts[1] = txlock.WithTimeout(time.Minute)
+				}
+				err := pgxlock.WithLock(ctx, conn, key, func(context.Context, pgx.Tx) error { return nil }, opts...)
+				if tc.ctxDeadline {
+					require.ErrorIs(t, err, context.DeadlineExceeded)
+				} else {
+					require.ErrorIs(t, err, txlock.ErrLockTimeout)
+				}
+				require.False(t, conn.IsClosed(), "the caller's connection was closed (timeout %v)", timeout)
 				require.Equal(t, byte('I'), conn.PgConn().TxStatus())
 			}
 		})
