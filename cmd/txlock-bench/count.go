@@ -69,12 +69,21 @@ func (c *counter) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, d pgx.Trace
 // countStatements returns the number of statements in query: its
 // semicolons outside quotes, identifiers and comments, plus one unless the
 // text after the last of them is empty. It knows the SQL this program and
-// the library send, not dollar quoting.
+// the library send, dollar quoting included (its window is a DO block).
 func countStatements(query string) int {
 	n := 0
 	pending := false // text after the last semicolon
 	for i := 0; i < len(query); i++ {
 		switch ch := query[i]; {
+		case ch == '$' && dollarTag(query[i:]) != "":
+			tag := dollarTag(query[i:])
+			j := strings.Index(query[i+len(tag):], tag)
+			if j < 0 {
+				i = len(query)
+			} else {
+				i += len(tag) + j + len(tag) - 1
+			}
+			pending = true
 		case ch == '\'' || ch == '"':
 			j := strings.IndexByte(query[i+1:], ch)
 			if j < 0 {
@@ -109,6 +118,21 @@ func countStatements(query string) int {
 		n++
 	}
 	return n
+}
+
+// dollarTag returns the dollar quote that s begins with ($$ or $tag$),
+// or "" if it begins with none (a parameter such as $1, or no $).
+func dollarTag(s string) string {
+	for i := 1; i < len(s); i++ {
+		switch ch := s[i]; {
+		case ch == '$':
+			return s[:i+1]
+		case ch == '_' || 'a' <= ch && ch <= 'z' || 'A' <= ch && ch <= 'Z' || i > 1 && '0' <= ch && ch <= '9':
+		default:
+			return ""
+		}
+	}
+	return ""
 }
 
 type redisCounter struct{ n *atomic.Int64 }

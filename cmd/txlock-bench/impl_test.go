@@ -287,6 +287,10 @@ func TestCountStatements(t *testing.T) {
 		{`SELECT 1 AS "a;b"; SELECT 2`, 2},
 		{"/* a; b */ SELECT 1 -- c; d\n; SELECT 2", 2},
 		{"BEGIN; " + bareLock(1), 2},
+		{"DO $txlock$BEGIN PERFORM 1; PERFORM 2; EXCEPTION WHEN OTHERS THEN NULL; END$txlock$", 1},
+		{"DO $$BEGIN PERFORM 1; END$$; SELECT 1", 2},
+		{"SELECT $1::int; SELECT $2", 2},
+		{"DO $a$ $b$; $b$ ; $a$", 1},
 	} {
 		if got := countStatements(c.query); got != c.want {
 			t.Errorf("countStatements(%q) = %d, want %d", c.query, got, c.want)

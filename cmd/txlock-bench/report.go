@@ -32,6 +32,8 @@ type result struct {
 	AllocsPerOp       *float64 `json:"allocs_per_op"`           // process-wide mallocs per acquisition; one worker only
 	PoolShare         *float64 `json:"min_pool_share"`          // more than one pool: the least served pool's share of acquisitions, times the pools (1: fair)
 	Bystander         *latency `json:"bystander,omitempty"`     // the bystander's SELECT 1, if the scenario has one
+	HandoffUS         *float64 `json:"handoff_us,omitempty"`    // one key's scenarios: median µs from one fn's end to the next fn's start
+	CommitUS          *float64 `json:"commit_us,omitempty"`     // of which: median µs from fn's end to its call's return (the commit)
 	Errors            int64    `json:"errors"`
 	FirstError        string   `json:"first_error,omitempty"`
 }
@@ -68,11 +70,37 @@ func summarize(sc scenario, im impl, a *accum) result {
 		v := float64(a.mallocs) / float64(a.total)
 		r.AllocsPerOp = &v
 	}
+	if h, c, ok := handoffs(a.holds); ok {
+		r.HandoffUS, r.CommitUS = &h, &c
+	}
 	if len(a.perPool) > 1 && a.inWindow > 0 {
 		v := float64(len(a.perPool)) * float64(slices.Min(a.perPool)) / float64(a.inWindow)
 		r.PoolShare = &v
 	}
 	return r
+}
+
+// handoffs returns the median handoff of holds, one lock's turns, in µs:
+// from one fn's end to the next fn's start, and of that, from fn's end to
+// its call's return, the commit. Spans measured in different rounds are
+// apart by a round's end: a gap of over a second is not a handoff.
+func handoffs(holds []span) (handoff, commit float64, ok bool) {
+	slices.SortFunc(holds, func(a, b span) int { return a.start.Compare(b.start) })
+	var gaps, commits []time.Duration
+	for i := 0; i+1 < len(holds); i++ {
+		if g := holds[i+1].start.Sub(holds[i].end); g >= 0 && g < time.Second {
+			gaps = append(gaps, g)
+			commits = append(commits, holds[i].ret.Sub(holds[i].end))
+		}
+	}
+	if len(gaps) == 0 {
+		return 0, 0, false
+	}
+	us := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2]) / float64(time.Microsecond)
+	}
+	return us(gaps), us(commits), true
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -40,6 +40,10 @@ type scenario struct {
 	impls     []impl
 }
 
+// exclusive reports whether sc's workers take one lock in turn, whose
+// handoffs are then measured (result.HandoffUS).
+func (sc scenario) exclusive() bool { return sc.keys == 1 && sc.workers > 1 && !sc.keyPerWorker }
+
 // envKey names the network path of the scenario's pools.
 func (sc scenario) envKey() string {
 	if sc.network {
@@ -210,7 +214,12 @@ type accum struct {
 	// PgBouncer samples: server connections in use by non-holders.
 	samples, waiterConnsSum, waiterConnsMax, clWaitingMax int
 	bystander                                             []time.Duration // the bystander's SELECT 1 latencies
+	holds                                                 []span          // each fn's start and end, one key's scenarios only (see handoffs)
 }
+
+// span is one fn's time under the lock, from its start to its return, and
+// when its call returned, after the commit.
+type span struct{ start, end, ret time.Time }
 
 // bystanderEvery is how often the bystander sends its SELECT 1.
 const bystanderEvery = 5 * time.Millisecond
@@ -291,8 +300,24 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 			pool := wi % len(envs)
 			we := envs[pool]
 			var waits []time.Duration
+			var holds []span
 			var inWindow, total, errs int64
 			var firstErr error
+			fn, fnEnd := sc.fn, time.Time{}
+			if sc.exclusive() {
+				fn = work{
+					sql: func(ctx context.Context, tx *sql.Tx, id int) error {
+						err := sc.fn.sql(ctx, tx, id)
+						fnEnd = time.Now()
+						return err
+					},
+					pgx: func(ctx context.Context, q pgxQuerier, id int) error {
+						err := sc.fn.pgx(ctx, q, id)
+						fnEnd = time.Now()
+						return err
+					},
+				}
+			}
 			for !stopFlag.Load() {
 				id := 1
 				switch {
@@ -307,10 +332,11 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 				var tg time.Time
 				granted := func() { tg = time.Now(); holders.Add(1) }
 				var err error
+				fnEnd = time.Time{}
 				if workers[wi] != nil {
-					err = workers[wi].run(ctx, we, id, sc.fn, granted)
+					err = workers[wi].run(ctx, we, id, fn, granted)
 				} else {
-					err = im.run(ctx, we, id, sc.fn, granted)
+					err = im.run(ctx, we, id, fn, granted)
 				}
 				if !tg.IsZero() {
 					holders.Add(-1)
@@ -327,9 +353,13 @@ func (b *bench) measure(sc scenario, im impl, envs []*env, d time.Duration, a *a
 					inWindow++
 				}
 				waits = append(waits, tg.Sub(t0))
+				if !fnEnd.IsZero() && time.Now().Before(deadline) {
+					holds = append(holds, span{tg, fnEnd, time.Now()})
+				}
 			}
 			mu.Lock()
 			a.waits = append(a.waits, waits...)
+			a.holds = append(a.holds, holds...)
 			a.inWindow += inWindow
 			a.total += total
 			a.perPool[pool] += inWindow

@@ -328,6 +328,13 @@ func (t targets) fleet() {
 			if r := findPools(t.rs, "fleet", via, "pg-blocking", 16, pools, 1); r != nil && r.WaiterServerConns != nil {
 				fmt.Fprintf(t.w, "| fleet %d×%d 1ms: pg-blocking waiters' server connections (mean / max of samples) | %s | %.2f / %d | (reference) |\n", pools, 16/pools, via, *r.WaiterServerConns, *r.WaiterConnsMax)
 			}
+			// Where the throughput goes: a turn of the lock is fn, then the
+			// handoff to the next holder, so the handoffs measure the gap.
+			for _, im := range []string{"txlock", "pgxlock", "txlock/server-wait", "pg-blocking"} {
+				if r := findPools(t.rs, "fleet", via, im, 16, pools, 1); r != nil && r.HandoffUS != nil {
+					fmt.Fprintf(t.w, "| fleet %d×%d 1ms: %s handoff, fn's end to the next fn's start, median µs (the holder's commit) | %s | %.0f (%.0f) | (reference) |\n", pools, 16/pools, im, via, *r.HandoffUS, *r.CommitUS)
+				}
+			}
 		}
 	}
 }
