@@ -17,12 +17,10 @@
 //	}
 //
 // A busy attempt rolls back at once, returning its connection to the pool,
-// and the call waits before the next: waiters hold no connection while they
-// sleep, which lets many of them wait behind a small PgBouncer pool. The
-// wait ends at the earlier of the context's deadline and WithTimeout
-// (DefaultTimeout). How a call waits (the local queue, the default
-// strategy's wait in the server, polling, WithServerWait) is told in "How
-// waiting works": https://github.com/txlock/txlock/blob/main/docs/waiting.md
+// and the call waits before the next. The wait ends at the earlier of the
+// context's deadline and WithTimeout (DefaultTimeout). How a call waits (the
+// local queue, the default strategy's wait in the server, polling,
+// WithServerWait) is told in [How waiting works].
 //
 // TryWithLock makes one attempt and reports whether it ran fn. WithLocks and
 // TryWithLocks take several keys all or nothing. Do and TryDo return fn's
@@ -38,9 +36,7 @@
 // Goroutines of one process that wait for the same keys on the same db, in
 // the same mode, queue behind each other in FIFO order, and only the first
 // makes attempts; between processes, the default strategy orders callers
-// mostly in the server's own lock queue. "How waiting works" tells both, and
-// what they cost behind PgBouncer:
-// https://github.com/txlock/txlock/blob/main/docs/waiting.md
+// mostly in the server's own lock queue: see [How waiting works].
 //
 // # Guides
 //
@@ -68,21 +64,17 @@
 //
 // # Standbys
 //
-// Every attempt also asks pg_is_in_recovery(). A lock granted on a hot
-// standby would exclude nothing on the primary, so WithLock refuses with
-// ErrStandby and does not run fn. So it does in a transaction that began
-// on a standby promoted since, which stays read-only (unless WithTxOptions
-// asked for READ ONLY, when that is what was asked for).
+// Every attempt also asks pg_is_in_recovery(): a lock granted on a hot
+// standby would exclude nothing on the primary, so WithLock refuses it with
+// ErrStandby and does not run fn. [PgBouncer and pools] tells the cases, a
+// standby promoted during the transaction among them.
 //
 // # PgBouncer and pgx
 //
-// The package's own statements take no parameters, so pgx sends them with
-// the simple protocol whatever its default_query_exec_mode: no prepared
-// statement is created. Settings are made with set_config(…, true), which
-// lasts only until the transaction ends; never with a plain SET, which
-// PgBouncer in transaction mode would leak to other clients. Statements in
-// fn are the application's: behind PgBouncer 1.18, which has no prepared
-// statements, choose an exec mode as [PgBouncer and pools] says.
+// The package's own statements work behind PgBouncer in transaction mode,
+// in every pgx exec mode, and never use a plain SET; the statements of fn
+// are the application's, and need an exec mode that [PgBouncer and pools]
+// names.
 //
 // # Fencing
 //
@@ -97,16 +89,11 @@
 //
 // A lock held for minutes or hours, by one leader among a service's
 // replicas, is a term: AcquireTerm campaigns as WithLock waits, then holds
-// the lock in one READ COMMITTED transaction that makes no writes, with a
-// heartbeat every interval (WithHeartbeat) and a server-side bound
-// (idle_in_transaction_session_timeout) that ends a frozen holder's session.
-// The term's context is cancelled when a heartbeat detects the lock's loss
-// (up to Interval+Timeout after the server dropped it; within the TTL for a
-// frozen holder), with a cause matching ErrLockLost: two holders can
-// overlap for that window, so fencing is mandatory for writes outside the
-// term's transaction. Each term draws its own fencing token (Term.Token),
-// which those writes carry. Lead runs fn for one term and releases it when
-// fn returns.
+// the lock in one transaction that makes no writes, kept by heartbeats
+// (WithHeartbeat), and Lead runs fn for one term. Two holders can overlap
+// until a heartbeat detects the loss (ErrLockLost), so writes outside the
+// term's transaction carry its fencing token (Term.Token): see
+// [Terms and leader election].
 //
 // # Keyspace registry
 //

@@ -207,6 +207,12 @@ func WithTxOptions(opts *sql.TxOptions) Option {
 //     in force (from the server, role, database or connection) is kept if
 //     it ends earlier, and replaced by this one otherwise.
 //
+// The idle bound is set by the first branch of every attempt's statement,
+// before any key is tried: a WithLocks attempt granted some of its keys but
+// not all holds them until its rollback reaches the server, and if the
+// client freezes or is cut off before that, the server still releases them
+// at the bound.
+//
 // On PostgreSQL 16 and earlier only the idle bound applies: a statement that
 // does not run under fn's context and outlasts d keeps the lock until it
 // ends. d must be positive; it is rounded up to whole milliseconds on the

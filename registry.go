@@ -53,9 +53,9 @@ func (e *KeyspaceClashError) Is(target error) bool { return target == ErrKeyspac
 // migrations/0002_txlock_keyspaces.sql, which holds the DDL of the zero
 // Registry.
 //
-// The registry is optional: locking never reads it. Its statements take
-// bind parameters: behind PgBouncer 1.18, use one of the
-// default_query_exec_mode settings the README names.
+// The registry is optional: locking never reads it. Its statements take no
+// bind parameters, and run in every pgx exec mode behind PgBouncer (see
+// Registry.Register).
 type Registry struct {
 	Schema string // schema of the table; DefaultRegistrySchema if empty
 	Table  string // table name; DefaultRegistryTable if empty

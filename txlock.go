@@ -16,14 +16,19 @@ import (
 // pg_try_advisory_xact_lock together with pg_is_in_recovery(). If the lock is
 // busy, the transaction is rolled back at once, which returns its connection
 // to the pool (and, behind PgBouncer in transaction mode, its server
-// connection), and WithLock sleeps as the retry strategy says (WithRetry)
-// before trying again, or, with WithServerWait, waits in the server's lock
-// queue for a bounded window per attempt. Callers of this process that wait
-// for the same keys on the same db queue behind each other locally, in FIFO
-// order, and the lock passes between them without a sleep: see the package
-// documentation's "Local queues". The wait ends at the earlier of the
-// context's deadline and WithTimeout (DefaultTimeout), with an error that
-// matches ErrLockTimeout.
+// connection), and WithLock waits before trying again. By default
+// (DefaultRetry) the first caller of the process's local queue waits in the
+// server's lock queue, in windows of up to DefaultServerWaitWindow, and
+// sleeps between them; WithRetry with another strategy polls only, and
+// WithServerWait waits in the server on every attempt. Callers of this
+// process that wait for the same keys on the same db queue behind each other
+// locally, in FIFO order, and the lock passes between them without a sleep:
+// see the package documentation's "Local queues". How a call waits, and when
+// the default polls instead, is told in "How waiting works":
+// https://github.com/txlock/txlock/blob/main/docs/waiting.md
+//
+// The wait ends at the earlier of the context's deadline and WithTimeout
+// (DefaultTimeout), with an error that matches ErrLockTimeout.
 //
 // Once the lock is granted, fn runs with the transaction:
 //   - fn returns nil: the transaction commits, and a commit error is returned

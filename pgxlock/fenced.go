@@ -19,12 +19,11 @@ type RowQuerier interface {
 //
 //	n, err := ft.On(pgxlock.QuerierOf(tx)).Update(ctx, token, set, where)
 //
-// A fenced write's statement takes arguments, so it runs in q's exec mode:
-// behind PgBouncer 1.18 in transaction mode, one that prepares nothing
-// (exec, simple_protocol), as for the application's own queries. The
-// registry's statements take none, and go with the simple protocol in
-// every mode. A nil q gives a
-// nil Querier, which the writes refuse with txlock.ErrInvalidArgument.
+// A fenced write's statement takes arguments, so it runs in q's exec mode,
+// which behind PgBouncer must be one that the application's own queries
+// can use (see the package documentation). The registry's statements take
+// none, and go with the simple protocol in every mode. A nil q gives a nil
+// Querier, which the writes refuse with txlock.ErrInvalidArgument.
 func QuerierOf(q RowQuerier) driver.Querier {
 	if q == nil {
 		return nil

@@ -18,10 +18,10 @@
 //     connection back to the pool idle. No busy attempt is an error, so the
 //     server's log shows none.
 //
-// The application's own queries in fn use the connection's exec mode;
-// behind PgBouncer 1.18 in transaction mode that must be one of the modes
-// that prepare nothing (exec, simple_protocol), while the lock's own
-// statements, and the draw of a fencing token, work in every mode.
+// The application's own queries in fn use the connection's exec mode,
+// which behind PgBouncer must be one that [PgBouncer and pools] names; the
+// lock's own statements, and the draw of a fencing token, work in every
+// mode. [pgx and sqlc] is the guide to this package.
 //
 // An attempt's statements run under the caller's context, and its
 // connection gets a deadline of its own a second after the wait's
@@ -42,8 +42,10 @@
 // bound of txlock.WithMaxHold), fn's next statement fails, and once fn
 // returns the transaction rolls back. A fn that keeps running without
 // sending anything keeps the lock until it returns, or until the server's
-// side of the hold bound (idle_in_transaction_session_timeout, and
-// transaction_timeout from PostgreSQL 17) ends the session.
+// side of that bound ends the session, as txlock.WithMaxHold tells.
+//
+// [PgBouncer and pools]: https://github.com/txlock/txlock/blob/main/docs/pgbouncer.md
+// [pgx and sqlc]: https://github.com/txlock/txlock/blob/main/docs/pgx.md
 package pgxlock
 
 import (

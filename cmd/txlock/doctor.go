@@ -355,7 +355,7 @@ func (d *doctor) searchPath(ctx context.Context) {
 	if err != nil {
 		shadows = ""
 	}
-	detail := fmt.Sprintf("%s puts %s before pg_catalog: there, unqualified SQL can reach that schema's functions and operators instead of PostgreSQL's (txlock's own statements are qualified and immune; the application's may not be)",
+	detail := fmt.Sprintf("%s puts %s before pg_catalog: there, unqualified SQL can reach that schema's functions and operators instead of PostgreSQL's (txlock's lock, token and term statements are qualified; a FencedTable's table without its Schema, and the = between its columns and values, are not, on purpose, and the application's SQL may not be)",
 		setting, strings.Join(quoteAll(before), ", "))
 	if shadows != "" {
 		detail += "; it shadows " + shadows
