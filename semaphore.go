@@ -37,7 +37,8 @@ import (
 // Which slot the call holds is chosen by the server: the first free one
 // from a slot chosen at random, so that callers spread over the slots and
 // none is left unused. LockFromContext reports it (Lock.Slot), and
-// txlock locks names it. A semaphore waits by polling: it cannot wait in
+// txlock locks --semaphore NAME=n names it ("semaphore NAME, slot i of n").
+// A semaphore waits by polling: it cannot wait in
 // the server's lock queue for whichever slot frees first, so WithServerWait
 // and WithShared are refused. The local queue admits n callers of a process
 // at a time, and hands a slot's turn on as WithLock hands a lock's.
