@@ -593,6 +593,16 @@ func ExampleWithRetry() {
 	// true
 }
 
+// Backoff bounds read from a service's configuration are checked at
+// start-up; a lock call checks them too, and refuses bad ones.
+func ExampleExponentialBackoff_Validate() {
+	fmt.Println(txlock.ExponentialBackoff{Min: 5 * time.Millisecond, Max: 200 * time.Millisecond}.Validate())
+	fmt.Println(txlock.ExponentialBackoff{Min: time.Second, Max: 100 * time.Millisecond}.Validate())
+	// Output:
+	// <nil>
+	// txlock: ExponentialBackoff Min 1s is greater than Max 100ms
+}
+
 // Waiting in the server's lock queue: the lock passes the moment the other
 // holder commits.
 func ExampleWithServerWait() {
@@ -905,6 +915,73 @@ func ExampleFencedTable_On() {
 	// Output:
 	// 1 <nil>
 	// true
+}
+
+// A lease deleted through pgx by its holder: an older holder's delete is
+// refused, and so is one of a lease that is gone.
+func ExampleFencedWrites_Delete() {
+	pool := examplePool()
+	defer pool.Close()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_pgx_leases (id int PRIMARY KEY, fence_token bigint NOT NULL);
+		TRUNCATE example_pgx_leases; INSERT INTO example_pgx_leases VALUES (1, 5)`); err != nil {
+		log.Fatal(err)
+	}
+	leases := txlock.FencedTable{Name: "example_pgx_leases"}.On(pgxlock.QuerierOf(pool))
+	lease := []txlock.Col{{Name: "id", Value: 1}}
+
+	_, err := leases.Delete(ctx, 4, lease) // an older holder
+	fmt.Println(errors.Is(err, txlock.ErrStaleToken))
+	n, err := leases.Delete(ctx, 5, lease)
+	fmt.Println(n, err)
+	_, err = leases.Delete(ctx, 5, lease) // again: the lease is gone
+	fmt.Println(errors.Is(err, txlock.ErrRowNotFound))
+	// Output:
+	// true
+	// 1 <nil>
+	// true
+}
+
+// A fenced upsert through pgx, in a transaction of the writer's own that
+// also logs the run: a refused write rolls the log's row back with it.
+func ExampleFencedWrites_Upsert() {
+	pool := examplePool()
+	defer pool.Close()
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS example_pgx_jobs (job text PRIMARY KEY, worker text NOT NULL, fence_token bigint);
+		CREATE TABLE IF NOT EXISTS example_pgx_job_log (job text NOT NULL, worker text NOT NULL);
+		TRUNCATE example_pgx_jobs, example_pgx_job_log`); err != nil {
+		log.Fatal(err)
+	}
+	job := []txlock.Col{{Name: "job", Value: "nightly"}}
+	run := func(worker string, token int64) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `INSERT INTO example_pgx_job_log VALUES ('nightly', $1)`, worker); err != nil {
+			return err
+		}
+		jobs := txlock.FencedTable{Name: "example_pgx_jobs"}.On(pgxlock.QuerierOf(tx))
+		if err := jobs.Upsert(ctx, token, job, []txlock.Col{{Name: "worker", Value: worker}}); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+
+	fmt.Println(run("worker-b", 8))
+	err := run("worker-a", 7) // worker-a's term has passed
+	fmt.Println(errors.Is(err, txlock.ErrStaleToken))
+	var logged int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM example_pgx_job_log`).Scan(&logged); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(logged, "run logged")
+	// Output:
+	// <nil>
+	// true
+	// 1 run logged
 }
 
 // ---- Terms ----
@@ -1258,6 +1335,35 @@ func ExampleLocker_Lead() {
 	// <nil>
 }
 
+// The Locker's database, for the work of a helper that is handed only the
+// Locker: here a read that needs no lock, in a read-only transaction.
+func ExampleLocker_DB() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	locks, err := txlock.New(db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(locks.DB() == db)
+
+	tx, err := locks.DB().BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var readOnly string
+	if err := tx.QueryRowContext(ctx, `SHOW transaction_read_only`).Scan(&readOnly); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(readOnly)
+	fmt.Println(tx.Commit())
+	// Output:
+	// true
+	// on
+	// <nil>
+}
+
 // ---- Observers ----
 
 // SlogObserver logs lock events; this handler drops the time and the
@@ -1436,6 +1542,117 @@ func ExampleRegistry_On() {
 	// Output: [shipping] <nil>
 }
 
+// A tool names the keyspace of a lock it finds in pg_locks: the lock's
+// namespace is that of a registered keyspace.
+func ExampleRegistry_Keyspaces() {
+	db := exampleDB()
+	defer db.Close()
+	ctx := context.Background()
+	registry := txlock.Registry{Table: "example_listed_keyspaces"}
+	if _, err := db.ExecContext(ctx, `DROP TABLE IF EXISTS example_listed_keyspaces`); err != nil { // a fresh registry
+		log.Fatal(err)
+	}
+	if err := registry.Create(ctx, db); err != nil {
+		log.Fatal(err)
+	}
+	billing := txlock.NewKeyspace("billing")
+	for _, ks := range []txlock.Keyspace{billing, txlock.NewKeyspace("shipping")} {
+		if err := registry.Register(ctx, db, ks); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	other, err := db.BeginTx(ctx, nil) // a service holds invoice 8 of billing
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = other.Rollback() }()
+	if err := txlock.LockTx(ctx, other, billing.ID(8)); err != nil {
+		log.Fatal(err)
+	}
+	var pid int
+	if err := other.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		log.Fatal(err)
+	}
+
+	all, err := registry.Keyspaces(ctx, db)
+	if err != nil {
+		log.Fatal(err)
+	}
+	names := map[int32]string{}
+	for _, ks := range all {
+		names[ks.Namespace()] = ks.String()
+	}
+	rows, err := db.QueryContext(ctx, `SELECT CAST(classid AS bigint), CAST(objid AS bigint), objsubid
+		FROM pg_catalog.pg_locks WHERE locktype = 'advisory' AND pid = $1`, pid)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var classid, objid int64
+		var objsubid int
+		if err := rows.Scan(&classid, &objid, &objsubid); err != nil {
+			log.Fatal(err)
+		}
+		k, err := txlock.KeyFromPgLocks(uint32(classid), uint32(objid), objsubid)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if ns, id, ok := k.Pair(); ok {
+			fmt.Println(names[ns], id)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		log.Fatal(err)
+	}
+	// Output: billing 8
+}
+
+// Registering on a pgx transaction: the service's migration creates the
+// registry and registers the keyspaces in one transaction, so that a clash
+// fails the migration and registers nothing.
+func ExampleRegistrar_Register() {
+	pool := examplePool()
+	defer pool.Close()
+	ctx := context.Background()
+	registry := txlock.Registry{Table: "example_migrated_keyspaces"}
+	ddl, err := registry.DDL()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS example_migrated_keyspaces`); err != nil {
+		log.Fatal(err)
+	}
+	migrate := func(names ...string) error {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, ddl); err != nil {
+			return err
+		}
+		reg := registry.On(pgxlock.QuerierOf(tx))
+		for _, name := range names {
+			if err := reg.Register(ctx, txlock.NewKeyspace(name)); err != nil {
+				return err
+			}
+		}
+		return tx.Commit(ctx)
+	}
+	err = migrate("orders", "service-9049", "service-40850") // the last two share a namespace
+	fmt.Println(errors.Is(err, txlock.ErrKeyspaceClash))
+	fmt.Println(migrate("orders", "service-9049"))
+
+	all, err := registry.On(pgxlock.QuerierOf(pool)).Keyspaces(ctx)
+	fmt.Println(all, err)
+	// Output:
+	// true
+	// <nil>
+	// [orders service-9049] <nil>
+}
+
 // An Observer for one call: it is told of the wait's start, the grant and
 // the release. (New sets one for every call of a Locker.)
 func ExampleWithObserver() {
@@ -1495,6 +1712,17 @@ func ExampleWithHeartbeat() {
 	// Output:
 	// true
 	// <nil>
+}
+
+// A heartbeat read from a service's configuration is checked at start-up:
+// the server must not end a session that is merely idle between two
+// heartbeats.
+func ExampleHeartbeat_Validate() {
+	fmt.Println(txlock.Heartbeat{Interval: time.Second, TTL: 5 * time.Second}.Validate())
+	fmt.Println(txlock.Heartbeat{Interval: time.Second, TTL: 1500 * time.Millisecond}.Validate())
+	// Output:
+	// <nil>
+	// txlock: Heartbeat TTL 1.5s must be at least twice Interval 1s: a session is idle for an interval between heartbeats, and the server ends it after TTL
 }
 
 // The sequence of a service's own tokens, made once at start-up (or by a

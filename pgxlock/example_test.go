@@ -697,3 +697,35 @@ func ExampleLocker_Lead() {
 	// leading pgxexample:locker-lead
 	// <nil>
 }
+
+// The Locker's pool, for the work of a service that keeps only its Locker:
+// here the start-up statement that creates the fencing tokens' sequence,
+// whose tokens the Locker's calls then draw.
+func ExampleLocker_Pool() {
+	pool := examplePool()
+	defer pool.Close()
+	ctx := context.Background()
+	locks, err := pgxlock.New(pool, txlock.WithTimeout(time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(locks.Pool() == pool)
+
+	ddl, err := txlock.Fencer{}.DDL()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := locks.Pool().Exec(ctx, ddl); err != nil {
+		log.Fatal(err)
+	}
+	err = locks.WithLock(ctx, txlock.StringKey("pgxexample:locker-pool"), func(ctx context.Context, tx pgx.Tx) error {
+		token, err := txlock.FenceToken(ctx)
+		fmt.Println("token > 0:", token > 0)
+		return err
+	})
+	fmt.Println(err)
+	// Output:
+	// true
+	// token > 0: true
+	// <nil>
+}

@@ -35,8 +35,8 @@ func TestOwner(t *testing.T) {
 				require.NoError(t, q.QueryRow(ctx, `SELECT pg_catalog.current_setting('application_name')`).Scan(&name))
 				return name
 			}
+			var pid int
 			err := pgxlock.WithLock(ctx, pool, key, func(ctx context.Context, tx pgx.Tx) error {
-				var pid int
 				if err := tx.QueryRow(ctx, `SELECT pg_catalog.pg_backend_pid()`).Scan(&pid); err != nil {
 					return err
 				}
@@ -50,6 +50,23 @@ func TestOwner(t *testing.T) {
 			}, txlock.WithOwner(label))
 			require.NoError(t, err)
 			assert.Equal(t, "client-a", appName(pool), "the session after the commit")
+			if tc.name == "pgbouncer" {
+				// Another client, whose queries PgBouncer sends to the
+				// holder's server connection sooner or later, sees its own
+				// name there.
+				other := newPool(t, tc.url+"&application_name=client-b", "exec", 1)
+				found := false
+				for i := 0; i < 200 && !found; i++ {
+					var name string
+					var p int
+					require.NoError(t, other.QueryRow(ctx, `SELECT pg_catalog.current_setting('application_name'), pg_catalog.pg_backend_pid()`).Scan(&name, &p))
+					if p == pid {
+						found = true
+						assert.Equal(t, "client-b", name, "the next client of the holder's server connection")
+					}
+				}
+				require.True(t, found, "client-b never reached server connection %d", pid)
+			}
 		})
 	}
 }

@@ -115,3 +115,47 @@ func ExampleKeyspaceLabel() {
 	// true
 	// true
 }
+
+// A service whose jobs hold their lock for minutes counts its holds in
+// buckets of its own, up to an hour; the buckets show in the histogram.
+func ExampleWithHoldBuckets() {
+	db, err := sql.Open("pgx", pgtest.ExampleURL())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer db.Close()
+
+	reg := prometheus.NewRegistry()
+	obs, err := txlockprom.New(reg, txlockprom.WithHoldBuckets(1, 60, 600, 3600))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = txlock.WithLock(context.Background(), db, txlock.NewKeyspace("promexample-jobs").Key("nightly"), func(ctx context.Context, tx *sql.Tx) error {
+		return nil
+	}, txlock.WithObserver(obs))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	families, err := reg.Gather()
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	for _, f := range families {
+		if f.GetName() != "txlock_hold_seconds" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var bounds []float64
+			for _, b := range m.GetHistogram().GetBucket() {
+				bounds = append(bounds, b.GetUpperBound())
+			}
+			fmt.Println(labels(m.GetLabel()), bounds, m.GetHistogram().GetSampleCount())
+		}
+	}
+	// Output: keyspace=promexample-jobs mode=exclusive outcome=committed [1 60 600 3600] 1
+}
