@@ -91,6 +91,18 @@ func BenchmarkWithLock(b *testing.B) {
 				cancel()
 			}
 		})
+		// The cost of naming the holder (WithOwner), beside pgxlock's.
+		b.Run("pgxlock+owner/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			owner := txlock.WithOwner("export-worker host-a pid 42 req 7f3a")
+			for b.Loop() {
+				ctx, cancel := mk()
+				if err := pgxlock.WithLock(ctx, pool, key, read, owner); err != nil {
+					b.Fatal(err)
+				}
+				cancel()
+			}
+		})
 	}
 }
 
