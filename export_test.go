@@ -32,6 +32,14 @@ func Queues() int {
 // local queues.
 func QueueRefs() int { return queuedCallers() }
 
+// SetMaxEarlyBegin sets maxEarlyBegin to d until t ends. The root
+// package's tests do not run in parallel.
+func SetMaxEarlyBegin(t *testing.T, d time.Duration) {
+	was := maxEarlyBegin
+	maxEarlyBegin = d
+	t.Cleanup(func() { maxEarlyBegin = was })
+}
+
 // BenchEvents runs b.N rounds of the lock loop through an attempter that is
 // granted at once and a holder that does nothing, with o as the Observer:
 // what the events cost, without a database.

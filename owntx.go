@@ -37,8 +37,9 @@ var (
 // maxEarlyBegin bounds how long a caller holds a transaction, and so a
 // connection, once begun before its lock statement could go: handed its
 // turn before the previous holder's transaction ended, while that holder's
-// COMMIT runs (see queue.go), or on deck (beginEarly).
-const maxEarlyBegin = 50 * time.Millisecond
+// COMMIT runs (see queue.go), or on deck (beginEarly). It is a variable
+// only so that a test can lengthen it (export_test.go).
+var maxEarlyBegin = 50 * time.Millisecond
 
 // openTx is an attempt's transaction, bound to the wait (tie) until the
 // lock is granted.
