@@ -1115,6 +1115,10 @@ func TestPollingEarlyHandoff(t *testing.T) {
 	}
 	db := open(t, url)
 	admin := direct(t)
+	// An early BEGIN is rolled back after maxEarlyBegin (50ms): 150ms here,
+	// so that a loaded machine's samples, each a query, still see it, and
+	// below the second caller's 200ms.
+	txlock.SetMaxEarlyBegin(t, 150*time.Millisecond)
 	// The early BEGIN takes an idle connection of the pool (without one it
 	// would wait for the holder's): have two.
 	var conns []*sql.Conn
@@ -1191,8 +1195,8 @@ func TestPollingEarlyHandoff(t *testing.T) {
 	}()
 
 	// While the first caller's 1.5 s COMMIT runs, a waiter of the same
-	// pool is idle in its transaction at first (the second caller for 50
-	// ms, then the third for 50 ms once the second has given up at 200 ms),
+	// pool is idle in its transaction at first (the second caller for 150
+	// ms, then the third for 150 ms once the second has given up at 200 ms),
 	// and none is for the rest of it. Samples stop well before the COMMIT
 	// can end, after which the third caller's own transaction is idle
 	// between its statements. The last idle sample may come late on a

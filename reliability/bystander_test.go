@@ -154,10 +154,12 @@ func fleetMain() int {
 // service's client sends SELECT 1 every 5 ms through the same PgBouncer.
 //
 // It checks the strategy that docs/waiting.md gives for this situation,
-// polling only: the bystander's median stays within bystanderP50, and no
-// waiter waits in the server. With TXLOCK_BYSTANDER=default it runs the
+// polling only: the bystander's median stays within bystanderP50 of the
+// median of a SELECT 1 sent straight to PostgreSQL between its own (what
+// the machine's load alone costs a round trip), and no waiter waits in the
+// server. With TXLOCK_BYSTANDER=default it runs the
 // default strategy instead, which fails it today (issue #20: the default's
-// waits in the server take the pool; see BENCHMARKS.md's Open work).
+// waits in the server take the pool; see BENCHMARKS.md's misses).
 func TestBystander(t *testing.T) {
 	strategy := "polling"
 	if s := os.Getenv("TXLOCK_BYSTANDER"); s != "" {
@@ -182,11 +184,11 @@ func TestBystander(t *testing.T) {
 				p.expect(t, "ready")
 			}
 
-			// The bystander's SELECT 1 every 5 ms, and the waiters in the
-			// server's lock queue for the key, sampled every 10 ms, for
-			// fleetRun.
+			// The bystander's SELECT 1 every 5 ms, each followed by one
+			// sent straight to PostgreSQL, and the waiters in the server's
+			// lock queue for the key, sampled every 10 ms, for fleetRun.
 			ctx := context.Background()
-			var lat []time.Duration
+			var lat, directLat []time.Duration
 			maxWaiters := 0
 			end := time.Now().Add(fleetRun)
 			next := time.Now()
@@ -204,6 +206,9 @@ func TestBystander(t *testing.T) {
 				var one int
 				require.NoError(t, bystander.QueryRowContext(ctx, `SELECT 1`).Scan(&one))
 				lat = append(lat, time.Since(start))
+				start = time.Now()
+				require.NoError(t, admin.QueryRowContext(ctx, `SELECT 1`).Scan(&one))
+				directLat = append(directLat, time.Since(start))
 			}
 
 			for _, p := range procs {
@@ -218,10 +223,12 @@ func TestBystander(t *testing.T) {
 				total += n
 			}
 			slices.Sort(lat)
+			slices.Sort(directLat)
 			p50, p99, worst := lat[len(lat)/2], lat[len(lat)*99/100], lat[len(lat)-1]
-			t.Logf("%s, %s: %d processes acquired %d times; bystander SELECT 1 p50 %v, p99 %v, max %v (%d queries); at most %d waiters in the server",
-				lib, strategy, fleetProcs, total, p50, p99, worst, len(lat), maxWaiters)
-			assert.LessOrEqual(t, p50, bystanderP50, "the bystander's median")
+			directP50 := directLat[len(directLat)/2]
+			t.Logf("%s, %s: %d processes acquired %d times; bystander SELECT 1 p50 %v, p99 %v, max %v (%d queries; p50 %v straight to PostgreSQL); at most %d waiters in the server",
+				lib, strategy, fleetProcs, total, p50, p99, worst, len(lat), directP50, maxWaiters)
+			assert.LessOrEqual(t, p50, directP50+bystanderP50, "the bystander's median, against a SELECT 1 straight to PostgreSQL")
 			assert.LessOrEqual(t, maxWaiters, 2, "waiters in the server on the hot key, fleet-wide")
 			finish(t, nil, leaks, admin, bystander)
 			figures(t, "lib=%s strategy=%s processes=%d acquisitions=%d bystander_p50=%v p99=%v max=%v server_waiters_max=%d",
@@ -232,9 +239,10 @@ func TestBystander(t *testing.T) {
 
 // The fleet of TestBystander: 8 processes of 2 workers on a PgBouncer pool
 // of 5, so that one waiter in the server per process takes the pool, and
-// each holds the key for fleetHold. bystanderP50 is 10× polling's median
-// in the benchmark's bystander scenario (0.4–0.5 ms), which leaves a
-// loaded machine room, and under the default's (21–25 ms there).
+// each holds the key for fleetHold. bystanderP50, what PgBouncer may add to
+// the median round trip, is 10× polling's median in the benchmark's
+// bystander scenario (0.4–0.5 ms), which leaves a loaded machine room, and
+// under the default's (21–25 ms there, 12–13 ms in this test).
 const (
 	fleetProcs   = 8
 	fleetHold    = 2 * time.Millisecond

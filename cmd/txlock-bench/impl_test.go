@@ -203,10 +203,12 @@ func TestSimulatedNetwork(t *testing.T) {
 	median := func(ds []time.Duration) time.Duration { return ds[len(ds)/2] }
 	t.Logf("round trip: median %v direct, %v through the proxy with %v each way; fastest %v direct, %v through the proxy",
 		median(direct), median(proxied), latency, direct[0], proxied[0])
-	if extra := median(proxied) - median(direct); extra < 2*latency {
-		t.Fatalf("the proxy added %v to the median round trip, want at least %v", extra, 2*latency)
+	// Every round trip through the proxy waits out its latency both ways,
+	// whatever the machine's load: so does the fastest.
+	if proxied[0] < 2*latency {
+		t.Fatalf("the fastest round trip through the proxy took %v, want at least %v", proxied[0], 2*latency)
 	}
-	if extra := proxied[0] - direct[0]; extra > 2*latency+2*time.Millisecond {
+	if extra := proxied[0] - direct[0]; extra > 2*latency+4*time.Millisecond {
 		t.Fatalf("the proxy added %v to the fastest round trip, want about %v", extra, 2*latency)
 	}
 }
