@@ -119,9 +119,11 @@ func WithTimeout(d time.Duration) Option {
 
 // WithRetry sets how long to sleep between polling attempts. Every strategy
 // but DefaultRetry, the one used without WithRetry, polls only. Waiters hold
-// no connection while they sleep. A strategy other than DefaultRetry cannot
-// be combined with WithServerWait, which waits in the server instead of
-// sleeping.
+// no connection while they sleep. Callers that poll lose releases to those
+// that wait in the server (the default's, WithServerWait's), so a key's
+// callers in every process should use the same kind. A strategy other than
+// DefaultRetry cannot be combined with WithServerWait, which waits in the
+// server instead of sleeping.
 func WithRetry(s RetryStrategy) Option {
 	return func(c *config) {
 		if s == nil {
@@ -142,7 +144,8 @@ func WithRetry(s RetryStrategy) Option {
 // lock queue, for at most s.Window, instead of polling: see ServerWait. It
 // is an option of its own, rather than a RetryStrategy, because it changes
 // what an attempt is (a wait in the server that holds a connection), not
-// how long to sleep between attempts. It cannot be combined with WithRetry.
+// how long to sleep between attempts. It cannot be combined with a
+// WithRetry strategy other than DefaultRetry.
 // TryWithLock, TryWithLocks and TryLockTx never wait in the server.
 func WithServerWait(s ServerWait) Option {
 	return func(c *config) {

@@ -143,9 +143,10 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // [0, Pause]. A deadlock reported by the server (40P01) also ends the
 // attempt. With several keys (WithLocks), lock_timeout bounds the wait for
 // each key, so one attempt can wait up to Window per key; the wait's
-// deadline still ends it. The last window ends 25ms before the deadline,
-// so that the server's answer, not the deadline, ends it, and the
-// connection stays usable.
+// deadline still ends it. The last window ends before the deadline, by
+// 25ms plus the round trips that the call's attempts have taken so far, so
+// that the server's answer, not the deadline, ends it, and the connection
+// stays usable.
 //
 // Callers of one process queue locally first, so at most one waiter per
 // key per pool waits in the server, holding a connection (behind PgBouncer,
@@ -155,9 +156,9 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 //
 // In LockTx the wait runs inside a SAVEPOINT, so a timed-out window leaves
 // the caller's transaction usable, and a deadlock between caller
-// transactions that take keys in conflicting orders is reported at once as
-// an error whose SQLState is 40P01 (after PostgreSQL's deadlock_timeout,
-// 1s by default), rather than by both waiting out their timeouts.
+// transactions that take keys in conflicting orders is reported as an
+// error whose SQLState is 40P01 after PostgreSQL's deadlock_timeout (1s by
+// default), rather than by both waiting out their timeouts.
 //
 // ServerWait needs a ReadCommitted transaction: under RepeatableRead or
 // Serializable the transaction's snapshot would be taken by the waiting
@@ -199,10 +200,14 @@ func (s ServerWait) window() time.Duration {
 // caller of a process's local queue for one key makes its attempts
 // ServerWait windows of DefaultServerWaitWindow, when its pool has an idle
 // connection and the transaction is ReadCommitted: what makes the default
-// fair between processes ("How waiting works":
-// https://github.com/txlock/txlock/blob/main/docs/waiting.md). To poll only, pass WithRetry(ExponentialBackoff{}), or
-// any other strategy. (A call without WithRetry uses the default whatever
-// the variable holds: the library knows the default by its type.)
+// fair between processes. That waiter holds a connection, behind PgBouncer
+// a server connection, so many processes on one hot key can take a shared
+// PgBouncer pool from its other clients. To poll only, pass
+// WithRetry(ExponentialBackoff{}), or any other strategy, in every process
+// on that key. "How waiting works" tells the trade-off, with its numbers:
+// https://github.com/txlock/txlock/blob/main/docs/waiting.md#the-default-strategy
+// (A call without WithRetry uses the default whatever the variable holds:
+// the library knows the default by its type.)
 var DefaultRetry RetryStrategy = defaultRetry{}
 
 type defaultRetry struct{ ExponentialBackoff }
