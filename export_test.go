@@ -40,6 +40,13 @@ func SetMaxEarlyBegin(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { maxEarlyBegin = was })
 }
 
+// SetWindowMargin sets windowMargin to d until t ends.
+func SetWindowMargin(t *testing.T, d time.Duration) {
+	was := windowMargin
+	windowMargin = d
+	t.Cleanup(func() { windowMargin = was })
+}
+
 // BenchEvents runs b.N rounds of the lock loop through an attempter that is
 // granted at once and a holder that does nothing, with o as the Observer:
 // what the events cost, without a database.

@@ -323,8 +323,9 @@ func (w *waiter) attempt(ctx context.Context, req driver.Request) (driver.Result
 // windowMargin is how long before the wait's deadline a window ends: the
 // time the server's answer takes to arrive after its lock_timeout, on a
 // local network. Without it, a call that timed out on database/sql lost
-// its connection (TestTimeoutKeepsConnection).
-const windowMargin = 25 * time.Millisecond
+// its connection (TestTimeoutKeepsConnection). It is a variable only so
+// that a test can change it (export_test.go).
+var windowMargin = 25 * time.Millisecond
 
 // tookHandoff notes an attempt that waited for the previous holder's end
 // before its lock statement (prevEnd): later attempts need not, and giving
