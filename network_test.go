@@ -27,7 +27,7 @@ import (
 // the early BEGIN works with those too.
 //
 // The test lengthens the bound of an early transaction (maxEarlyBegin,
-// 50ms; TestEarlyBeginBounded checks that it holds) to a second: on a loaded
+// 50ms; TestEarlyBeginBounded checks that a bound holds) to a second: on a loaded
 // machine fn's 15ms and its query of pg_stat_activity can outlast 50ms in
 // every hold, and every early transaction was then rolled back unused.
 func TestEarlyBeginAcrossNetwork(t *testing.T) {
@@ -117,6 +117,11 @@ func TestEarlyBeginBounded(t *testing.T) {
 	// four are queued.
 	holding, proceed := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
+	var proceedOnce sync.Once
+	letGo := func() { proceedOnce.Do(func() { close(proceed) }) }
+	// If the test stops early, its calls end before the bound is restored
+	// (cleanups run last first).
+	t.Cleanup(func() { letGo(); wg.Wait() })
 	wg.Go(func() { call(0, holding, proceed) })
 	<-holding
 	// The holder's call queues nowhere: it was granted at once.
@@ -124,7 +129,7 @@ func TestEarlyBeginBounded(t *testing.T) {
 		wg.Go(func() { call(hold, nil, nil) })
 		require.Eventually(t, func() bool { return txlock.QueueRefs() == i+1 }, 5*time.Second, time.Millisecond)
 	}
-	close(proceed)
+	letGo()
 	start := time.Now()
 	var longest time.Duration
 	for time.Since(start) < 900*time.Millisecond {

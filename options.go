@@ -379,7 +379,7 @@ func (c *config) init(opts []Option, inTx bool) error {
 	}
 	if c.serverWait != nil {
 		if c.retrySet {
-			return fmt.Errorf("%w: WithRetry and WithServerWait cannot be combined: a ServerWait attempt waits in the server instead of sleeping (its Pause spaces the windows)", ErrInvalidArgument)
+			return fmt.Errorf("%w: WithServerWait cannot be combined with a WithRetry strategy other than DefaultRetry: a ServerWait attempt waits in the server instead of sleeping (its Pause spaces the windows)", ErrInvalidArgument)
 		}
 		if c.txOpts != nil && c.txOpts.Isolation >= sql.LevelRepeatableRead {
 			// The snapshot would be taken by the waiting statement, before

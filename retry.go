@@ -144,9 +144,9 @@ const DefaultServerWaitWindow = 200 * time.Millisecond
 // attempt. With several keys (WithLocks), lock_timeout bounds the wait for
 // each key, so one attempt can wait up to Window per key; the wait's
 // deadline still ends it. The last window ends before the deadline, by
-// 25ms plus the round trips that the call's attempts have taken so far, so
-// that the server's answer, not the deadline, ends it, and the connection
-// stays usable.
+// 25ms plus the least time that an attempt of the call has taken beyond
+// its wait (its round trips), so that the server's answer, not the
+// deadline, ends it, and the connection stays usable.
 //
 // Callers of one process queue locally first, so at most one waiter per
 // key per pool waits in the server, holding a connection (behind PgBouncer,

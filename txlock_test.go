@@ -1171,6 +1171,9 @@ func TestPollingEarlyHandoff(t *testing.T) {
 	// The second caller gives up 200 ms into the first one's COMMIT.
 	giveUp, cancelSecond := context.WithCancel(ctx)
 	defer cancelSecond()
+	// If the test stops early, its calls end before maxEarlyBegin is
+	// restored (cleanups run last first).
+	t.Cleanup(func() { cancelSecond(); wg.Wait() })
 	wg.Add(1)
 	go func() {
 		defer wg.Done()

@@ -157,7 +157,7 @@ func badCases() []badCase {
 		{name: "server wait: negative window", call: opt(txlock.WithServerWait(txlock.ServerWait{Window: -time.Second})), is: []error{inv}, msg: "Window must be zero"},
 		{name: "server wait: sub-millisecond window", call: opt(txlock.WithServerWait(txlock.ServerWait{Window: time.Microsecond})), is: []error{inv}, msg: "at least 1ms"},
 		{name: "server wait: negative pause", call: opt(txlock.WithServerWait(txlock.ServerWait{Pause: -time.Second})), is: []error{inv}, msg: "Pause must not be negative"},
-		{name: "server wait with a retry strategy", call: opt(txlock.WithServerWait(txlock.ServerWait{}), txlock.WithRetry(txlock.NoRetry)), is: []error{inv}, msg: "WithRetry and WithServerWait cannot be combined"},
+		{name: "server wait with a retry strategy", call: opt(txlock.WithServerWait(txlock.ServerWait{}), txlock.WithRetry(txlock.NoRetry)), is: []error{inv}, msg: "WithServerWait cannot be combined with a WithRetry strategy other than DefaultRetry"},
 
 		// Keys.
 		{name: "zero key", call: key(txlock.Key{}), is: []error{ik}, msg: "zero Key"},

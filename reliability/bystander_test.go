@@ -242,7 +242,7 @@ func TestBystander(t *testing.T) {
 // each holds the key for fleetHold. bystanderP50, what PgBouncer may add to
 // the median round trip, is 10× polling's median in the benchmark's
 // bystander scenario (0.4–0.5 ms), which leaves a loaded machine room, and
-// under the default's (21–25 ms there, 12–13 ms in this test).
+// under the default's (25–31 ms there, 11–13 ms in this test).
 const (
 	fleetProcs   = 8
 	fleetHold    = 2 * time.Millisecond

@@ -170,11 +170,12 @@ func roundTrips(ctx context.Context, url string) ([]time.Duration, error) {
 }
 
 // TestSimulatedNetwork checks that the proxy delays a round trip by about
-// twice its latency: the median round trip through it by at least that,
-// and the fastest by no more than 2ms beyond it. The upper bound is on the
-// fastest round trips, which a loaded machine's scheduling delays (several
-// milliseconds on half of the round trips, at times, with every core busy)
-// do not reach: what it bounds is the proxy's own cost.
+// twice its latency: the fastest round trip through it by at least that,
+// which holds whatever the machine's load, and by no more than 4ms beyond
+// the fastest direct one. Both bounds are on the fastest round trips,
+// which a loaded machine's scheduling delays (several milliseconds on half
+// of the round trips, at times, with every core busy) seldom reach: what
+// the upper one bounds is the proxy's own cost.
 func TestSimulatedNetwork(t *testing.T) {
 	url := pgtest.Postgres(t)
 	addr, err := hostPort(url)
