@@ -32,19 +32,18 @@ func Queues() int {
 // local queues.
 func QueueRefs() int { return queuedCallers() }
 
-// SetMaxEarlyBegin sets maxEarlyBegin to d until t ends. The root
-// package's tests do not run in parallel.
-func SetMaxEarlyBegin(t *testing.T, d time.Duration) {
-	was := maxEarlyBegin
-	maxEarlyBegin = d
-	t.Cleanup(func() { maxEarlyBegin = was })
-}
+// SetMaxEarlyBegin sets maxEarlyBegin to d until t ends.
+func SetMaxEarlyBegin(t *testing.T, d time.Duration) { setUntilEnd(t, &maxEarlyBegin, d) }
 
 // SetWindowMargin sets windowMargin to d until t ends.
-func SetWindowMargin(t *testing.T, d time.Duration) {
-	was := windowMargin
-	windowMargin = d
-	t.Cleanup(func() { windowMargin = was })
+func SetWindowMargin(t *testing.T, d time.Duration) { setUntilEnd(t, &windowMargin, d) }
+
+// setUntilEnd sets *p to v until t ends. The root package's tests do not
+// run in parallel, so no other test sees v.
+func setUntilEnd[T any](t *testing.T, p *T, v T) {
+	was := *p
+	*p = v
+	t.Cleanup(func() { *p = was })
 }
 
 // BenchEvents runs b.N rounds of the lock loop through an attempter that is
